@@ -1,0 +1,57 @@
+# Two commands on a fresh machine: `make test` and `make run`.
+# Everything they need is installed here: a .venv with the package and its
+# test extra, and (when running as root) missing system packages via apt.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+APT_PACKAGES := bubblewrap git
+RUN_DIR ?= runs/cpu
+PYTEST_ARGS ?=
+
+.PHONY: setup test run lint format sysdeps clean
+
+setup: $(STAMP) sysdeps
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Reinstall only when the package metadata changes.
+$(STAMP): setup.py pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# bubblewrap is the sandbox; install it when missing and we can (root + apt).
+sysdeps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  command -v $$( [ $$p = bubblewrap ] && echo bwrap || echo $$p ) >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else \
+	    echo "warning: missing system packages:$$missing (install them; sandbox tests need bubblewrap)"; \
+	  fi; \
+	fi
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+run: setup
+	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format:
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,114 @@
+"""Shared defaults for every config; each config file overrides what it needs.
+
+Sections: model (HF config.json fields), tokenizer, mesh, lora, rl, optim,
+rollout, env, learner, checkpoint, metrics, sft. Every leaf has a default here
+so a typo in `--config.x.y=...` fails loudly (the ConfigDict is locked).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def tiny_qwen3_model() -> ml_collections.ConfigDict:
+    """A tiny Qwen3 that trains in minutes on 2 CPU cores (byte-level vocabulary)."""
+    return ml_collections.ConfigDict(
+        dict(
+            model_type="qwen3",
+            vocab_size=384,  # 256 bytes + special tokens, padded
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            max_position_embeddings=4096,
+            checkpoint="",  # HF safetensors directory; empty = random init
+            dtype="float32",  # activation / compute dtype
+            param_dtype="float32",
+            remat=False,  # per-layer rematerialization for long sequences
+        )
+    )
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.num_steps = 20
+    c.schedule = "stream"  # sync | group | stream | async
+    c.model = tiny_qwen3_model()
+    c.tokenizer = ml_collections.ConfigDict(dict(kind="byte", path=""))
+    c.mesh = ml_collections.ConfigDict(dict(fsdp=1, tp=1))
+    c.lora = ml_collections.ConfigDict(
+        dict(
+            enabled=False,
+            rank=8,
+            alpha=16.0,
+            targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+            publish="adapters",  # adapters | merged
+        )
+    )
+    c.rl = ml_collections.ConfigDict(
+        dict(
+            algorithm="grpo",  # grpo | opd
+            num_groups=4,
+            group_size=4,
+            advantage="grpo",
+            loss_agg="seq-mean-token-mean",
+            eps=1e-6,
+            std_ddof=1,
+            max_len=0,  # for seq-mean-token-sum-norm; 0 = rollout.max_traj_tokens
+            max_open_groups=0,  # 0 = no cap
+            kl_coef=0.0,
+            kl_estimator="k3",  # k1 | k3
+            entropy_coef=0.0,
+        )
+    )
+    c.optim = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=1e-4,
+            weight_decay=0.0,
+            b1=0.9,
+            b2=0.999,
+            max_grad_norm=1.0,
+        )
+    )
+    c.rollout = ml_collections.ConfigDict(
+        dict(
+            engine="embedded",  # embedded | vllm
+            num_engines=1,
+            max_batch=16,
+            temperature=1.0,
+            top_p=1.0,
+            max_turns=6,
+            max_new_tokens_per_turn=96,
+            max_traj_tokens=1536,
+            snapshot_root="/dev/shm/thundersync",
+            request_timeout_s=300.0,
+        )
+    )
+    c.env = ml_collections.ConfigDict(
+        dict(
+            family="mini_swe",  # mini_swe | terminal | swe_jsonl
+            instances="",  # JSONL path for swe_jsonl
+            difficulty="easy",
+            num_tasks=32,
+            sandbox_timeout_s=20.0,
+            sandbox_memory_mb=1024,
+        )
+    )
+    c.learner = ml_collections.ConfigDict(
+        dict(
+            seq_buckets=(128, 256, 512, 1024, 2048),
+            pack_same_slot=True,
+        )
+    )
+    c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
+    c.metrics = ml_collections.ConfigDict(dict(timeline_every=5, tensorboard=True))
+    c.sft = ml_collections.ConfigDict(dict(steps=200, learning_rate=3e-3, batch_size=8))
+    return c
