@@ -1,1 +1,46 @@
+"""Streaming gradient accumulators: pure (init, add, close, finalize) factories.
 
+    from thundersync_jax import accumulators
+    acc = accumulators.grpo(num_groups=K, group_size=G, advantage="grpo")
+    state = acc.init(params)
+    state = acc.add(state, group=k, reward=r, grad=h_i, num_tokens=n_i)
+    grads = acc.finalize(state)      # = the batch-synchronous ∇L
+
+See DESIGN §2 for the math and `reference` for a float64 batch-synchronous oracle.
+"""
+
+from thundersync_jax.accumulators import reference
+from thundersync_jax.accumulators._advantages import (
+    advantage_names,
+    register_advantage,
+)
+from thundersync_jax.accumulators._combine import (
+    CombinedAccumulator,
+    CombinedState,
+    Regularizer,
+    combine,
+    regularizer,
+)
+from thundersync_jax.accumulators._group_state import GroupState
+from thundersync_jax.accumulators._grpo import GroupAccumulator, grpo
+from thundersync_jax.accumulators._loss_agg import loss_agg_names, register_loss_agg
+from thundersync_jax.accumulators._opd import DirectAccumulator, DirectState, opd
+
+__all__ = [
+    "CombinedAccumulator",
+    "CombinedState",
+    "DirectAccumulator",
+    "DirectState",
+    "GroupAccumulator",
+    "GroupState",
+    "Regularizer",
+    "advantage_names",
+    "combine",
+    "grpo",
+    "loss_agg_names",
+    "opd",
+    "reference",
+    "register_advantage",
+    "register_loss_agg",
+    "regularizer",
+]

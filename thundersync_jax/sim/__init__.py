@@ -1,1 +1,72 @@
+"""Trace-driven step-time model: predicts what sync / group / stream / async cost.
 
+A batch starts at t = 0 with every rollout; trajectory i delivers its reward at
+a_i with n_i loss-masked tokens in group g_i. The learner is one serial worker.
+A chunk of trajectories of one (group, reward) slot costs
+
+    c(chunk) = fixed_s + per_token_s · padded(Σ n_i)          (CostModel)
+
+and after the last chunk the optimizer step (opt_s) and publication (pub_s)
+follow. Step time = batch start → weights published. With R = max a_i (rollout
+span), L = chunk work of sync and O = opt_s + pub_s:
+
+    sync    T = R + L + O                 learner starts at R; maximal packing
+    group   a group's chunks are ready at its last arrival; FIFO by that time
+    stream  each trajectory is ready at a_i; closed groups first, then open groups
+            with differing rewards, then the rest; ready same-slot trajectories packed
+    async   T = max(R, L) + O             one-step off-policy steady state: the
+            learner trains on batch n while batch n+1 rolls out; both must finish
+            before the optimizer step and the weight swap (a barrier), so the
+            rollouts of n+1 use weights from step n−1 (policy lag 1)
+
+Ceiling. Every trajectory's work starts after it arrives, so group and stream
+satisfy T ≥ max(R + c_last, L_lb) + O, where c_last is the cheapest chunk
+holding the last trajectory and L_lb ≤ L a lower bound on any packing's work.
+Hence speedup over sync ≤ (R + L + O) / (max(R, L_lb) + O) ≤ (R + L)/max(R, L),
+which is 2 at balance L = R and falls toward 1 as either side dominates.
+`balance` rescales arrival times to a chosen L / R.
+
+Learner-time metrics (same definitions as thundersync_jax.metrics):
+learner_busy_s = L_schedule + O, learner_idle_frac = 1 − busy / T,
+tail_s = T − R, open_groups_peak = most groups with some but not all members
+processed, counted after each chunk is handed out.
+"""
+
+from thundersync_jax.sim._ceiling import Ceiling, balance, ceiling, learner_work_s
+from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim._simulate import (
+    LEARNER_KINDS,
+    SCHEDULES,
+    STREAM_RANKS,
+    Chunk,
+    SimResult,
+    simulate,
+)
+from thundersync_jax.sim._trace import (
+    Arrival,
+    lognormal_trace,
+    read_trace,
+    split_steps,
+    validate_trace,
+    write_trace,
+)
+
+__all__ = [
+    "LEARNER_KINDS",
+    "SCHEDULES",
+    "STREAM_RANKS",
+    "Arrival",
+    "Ceiling",
+    "Chunk",
+    "CostModel",
+    "SimResult",
+    "balance",
+    "ceiling",
+    "learner_work_s",
+    "lognormal_trace",
+    "read_trace",
+    "simulate",
+    "split_steps",
+    "validate_trace",
+    "write_trace",
+]

@@ -1,0 +1,104 @@
+"""Planner decisions on small hand-checkable batches."""
+
+import queue
+import threading
+import time
+
+import pytest
+
+from thundersync_jax.schedule.learner_loop import MemberFailed, run_learner_batch
+from thundersync_jax.schedule.planner import Planner, WorkItem
+
+
+def _item(group, member, reward, t, tokens=10):
+    return WorkItem(f"g{group}m{member}", group, reward, tokens, t)
+
+
+def test_sync_waits_for_whole_batch():
+    p = Planner("sync", num_groups=2, group_size=2, max_chunk_tokens=100)
+    p.push(_item(0, 0, 1.0, 0.1))
+    p.push(_item(0, 1, 0.0, 0.2))
+    p.push(_item(1, 0, 1.0, 0.3))
+    assert p.next_chunk() == []
+    p.push(_item(1, 1, 1.0, 0.4))
+    chunks = [[it.item_id for it in c] for c in p.drain()]
+    # group 0 has two reward slots, group 1 one slot packing both members
+    assert sorted(map(tuple, chunks)) == [("g0m0",), ("g0m1",), ("g1m0", "g1m1")]
+    assert p.done()
+
+
+def test_group_releases_complete_groups_only():
+    p = Planner("group", num_groups=2, group_size=2, max_chunk_tokens=100)
+    p.push(_item(1, 0, 0.0, 0.1))
+    p.push(_item(0, 0, 1.0, 0.2))
+    assert p.next_chunk() == []
+    p.push(_item(0, 1, 1.0, 0.3))
+    assert [it.item_id for it in p.next_chunk()] == ["g0m0", "g0m1"]
+    assert p.next_chunk() == []
+
+
+def test_stream_priority_closed_then_differing_then_rest():
+    p = Planner("stream", num_groups=3, group_size=3, max_chunk_tokens=100)
+    p.push(_item(2, 0, 0.0, 0.0))  # group 2: one reward so far (rank 2)
+    p.push(_item(1, 0, 0.0, 0.1))  # group 1: rewards differ (rank 1)
+    p.push(_item(1, 1, 1.0, 0.2))
+    for m in range(3):  # group 0 complete (rank 0), arrives last
+        p.push(_item(0, m, 0.5, 0.3 + m))
+    order = [[it.item_id for it in c] for c in p.drain()]
+    assert order == [["g0m0", "g0m1", "g0m2"], ["g1m0"], ["g1m1"], ["g2m0"]]
+
+
+def test_chunk_token_budget_splits_slot():
+    p = Planner("stream", num_groups=1, group_size=4, max_chunk_tokens=25)
+    for m in range(4):
+        p.push(_item(0, m, 1.0, m, tokens=10))
+    sizes = [len(c) for c in p.drain()]
+    assert sizes == [2, 2]
+
+
+def test_open_group_cap_applies_backpressure():
+    p = Planner("stream", num_groups=3, group_size=2, max_chunk_tokens=100, max_open_groups=1)
+    p.push(_item(0, 0, 1.0, 0.0))
+    p.push(_item(1, 0, 1.0, 0.1))
+    assert [it.item_id for it in p.next_chunk()] == ["g0m0"]
+    assert p.next_chunk() == []  # group 1 would open a second slot
+    p.push(_item(0, 1, 0.0, 0.2))
+    assert [it.item_id for it in p.next_chunk()] == ["g0m1"]  # closes group 0
+    assert [it.item_id for it in p.next_chunk()] == ["g1m0"]
+    assert p.open_groups_peak == 1
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="schedule='fast'"):
+        Planner("fast", 1, 1, 10)
+    p = Planner("stream", 1, 1, 10)
+    with pytest.raises(ValueError, match="group=3"):
+        p.push(_item(3, 0, 0.0, 0.0))
+    p.push(_item(0, 0, 0.0, 0.0))
+    with pytest.raises(ValueError, match="already has 1 members"):
+        p.push(_item(0, 1, 0.0, 0.0))
+
+
+def test_learner_loop_streams_while_rollouts_run():
+    """Chunks start before the last arrival under stream, after it under sync."""
+    for schedule, expect_overlap in (("stream", True), ("sync", False)):
+        p = Planner(schedule, num_groups=2, group_size=2, max_chunk_tokens=10)
+        q: queue.Queue = queue.Queue()
+        t0 = time.perf_counter()
+
+        def produce(q=q):
+            for k, m, r in ((0, 0, 1.0), (0, 1, 0.0), (1, 0, 1.0)):
+                q.put(_item(k, m, r, time.perf_counter() - t0))
+                time.sleep(0.05)
+            q.put(MemberFailed(group=1, reason="engine gave up"))
+
+        processed, starts = [], []
+        th = threading.Thread(target=produce)
+        th.start()
+        stats = run_learner_batch(
+            p, q, lambda c: processed.extend(c), on_chunk=lambda c, s, e: starts.append(s)
+        )
+        th.join()
+        assert sorted(it.item_id for it in processed) == ["g0m0", "g0m1", "g1m0"]
+        assert stats.failures == ["engine gave up"]
+        assert (starts[0] < stats.last_arrival_s) == expect_overlap

@@ -1,0 +1,156 @@
+"""The `opd` factory: a single-tally accumulator, −(1/Z) Σ w_i · grad_i.
+
+On-policy distillation's turn gradient is already weighted by the teacher's
+per-token advantage Â_t, so nothing waits for other trajectories: every turn
+adds straight into one global tally, and only Z (N tokens by default) waits
+for the end of the batch. Errors follow `_grpo`: eager calls raise, jitted
+calls record into `state.error` for `check`, and `finalize` returns NaN when
+something was recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from thundersync_jax.accumulators import _errors, _tallies
+from thundersync_jax.accumulators._loss_agg import LossAgg, resolve_loss_agg
+
+
+class DirectState(NamedTuple):
+    """State of an `opd` accumulator.
+
+    Attributes:
+      total: float32 pytree like params, Σ w_i grad_i.
+      num_trajectories: int32, turns (or trajectories) added.
+      num_tokens: int32, scored tokens added.
+      dropped: int32, inputs dropped by on_invalid="drop".
+      error: int32, bitwise OR of error codes recorded under jit.
+    """
+
+    total: Any
+    num_trajectories: jax.Array
+    num_tokens: jax.Array
+    dropped: jax.Array
+    error: jax.Array
+
+
+class DirectConfig(NamedTuple):
+    """Static settings of an `opd` accumulator."""
+
+    loss_agg: LossAgg
+    max_len: int | None
+    on_invalid: str
+
+
+class DirectAccumulator(NamedTuple):
+    """Pure functions of an `opd` accumulator.
+
+    Attributes:
+      init: params -> DirectState.
+      add: (state, grad, num_tokens) -> state.
+      add_weighted: (state, grad, num_tokens, count) -> state, grad = Σ_j w_j grad_j.
+      finalize: state -> −(1/Z) Σ w_i grad_i, float32, shaped like params.
+      loss_weight: num_tokens -> w_i.
+      check: (state, allow_open=False) -> None; raises what jit recorded.
+      config: the resolved static settings.
+    """
+
+    init: Callable
+    add: Callable
+    add_weighted: Callable
+    finalize: Callable
+    loss_weight: Callable
+    check: Callable
+    config: DirectConfig
+
+
+def _message(code: int) -> str:
+    parts = []
+    if code & _errors.NONFINITE_GRAD:
+        parts.append("the gradient contains NaN or inf")
+    if code & _errors.NEGATIVE_NUM_TOKENS:
+        parts.append("num_tokens is negative")
+    if code & _errors.BAD_COUNT:
+        parts.append("count is < 1")
+    return "; ".join(parts) or f"error bits {code:#x}"
+
+
+def opd(
+    loss_agg: str = "token-mean", max_len: int | None = None, *, on_invalid: str = "raise"
+) -> DirectAccumulator:
+    """On-policy distillation accumulator: finalize = −(1/N) Σ_turns grad (token-mean).
+
+    Args:
+      loss_agg: aggregation mode; the default divides by the batch's scored tokens.
+      max_len: only for seq-mean-token-sum-norm.
+      on_invalid: "raise", or "drop" to drop (and count) non-finite gradients.
+    """
+    if on_invalid not in _errors.ON_INVALID:
+        raise ValueError(f"on_invalid must be one of {_errors.ON_INVALID}, got {on_invalid!r}")
+    cfg = DirectConfig(resolve_loss_agg(loss_agg, max_len), max_len, on_invalid)
+
+    def init(params) -> DirectState:
+        zero = jnp.zeros((), jnp.int32)
+        return DirectState(_tallies.zeros_like_params(params), zero, zero, zero, zero)
+
+    def _add(where, state, grad, num_tokens, count, weighted):
+        _errors.check_structure(where, state.total, grad)
+        num_tokens = jnp.asarray(num_tokens, jnp.int32)
+        count = jnp.asarray(count, jnp.int32)
+        code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
+        code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
+        code |= jnp.where(count < 1, _errors.BAD_COUNT, 0)
+        ok = code == 0
+        drop = ~ok & (cfg.on_invalid == "drop")
+        weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
+        new_state = DirectState(
+            total=jax.tree.map(
+                lambda t, g: t + jnp.where(ok, g.astype(jnp.float32) * weight, 0.0),
+                state.total,
+                grad,
+            ),
+            num_trajectories=state.num_trajectories + jnp.where(ok, count, 0),
+            num_tokens=state.num_tokens + jnp.where(ok, num_tokens, 0),
+            dropped=state.dropped + jnp.where(drop, jnp.maximum(count, 1), 0),
+            error=state.error | jnp.where(ok | drop, 0, code),
+        )
+        if not _errors.is_traced(grad, num_tokens, count):
+            if int(code) and cfg.on_invalid == "raise":
+                leaf = _errors.first_nonfinite_leaf(grad)
+                where_bad = f" (first bad leaf: {leaf})" if leaf else ""
+                raise ValueError(
+                    f"{where}: {_message(int(code))}{where_bad}; num_tokens={int(num_tokens)}"
+                )
+        return new_state
+
+    def add(state: DirectState, grad, num_tokens) -> DirectState:
+        """Adds one turn's (Â-weighted) gradient and its scored-token count."""
+        return _add("add", state, grad, num_tokens, 1, False)
+
+    def add_weighted(state: DirectState, grad, num_tokens, count) -> DirectState:
+        """Adds `count` turns whose grad is already Σ_j w_j grad_j."""
+        return _add("add_weighted", state, grad, num_tokens, count, True)
+
+    def check(state: DirectState, allow_open: bool = False) -> None:
+        """Raises a ValueError for an error recorded under jit."""
+        del allow_open  # no groups here; accepted for a uniform interface
+        if int(state.error):
+            detail = _message(int(state.error))
+            raise ValueError(f"the accumulator recorded an invalid add: {detail}")
+
+    def finalize(state: DirectState):
+        """−(1/Z) Σ w_i grad_i, float32, shaped like params."""
+        if not _errors.is_traced(state):
+            check(state)
+        z = cfg.loss_agg.normalizer(state.num_trajectories, state.num_tokens, cfg.max_len)
+        z = jnp.where(z > 0, z, 1.0)
+        bad = state.error != 0
+        return jax.tree.map(lambda t: jnp.where(bad, jnp.nan, -t / z), state.total)
+
+    return DirectAccumulator(
+        init, add, add_weighted, finalize, lambda n: cfg.loss_agg.weight(n), check, cfg
+    )

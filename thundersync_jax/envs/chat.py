@@ -1,0 +1,445 @@
+"""Chat templates with tool calls, and a tool-call parser that never raises.
+
+Two formats render the same conversation:
+
+* `Qwen3Format` — Qwen3's template: a system turn listing the tools as JSON schemas inside
+  `<tools></tools>`, assistant tool calls as `<tool_call>\\n{"name": ..., "arguments": {...}}
+  \\n</tool_call>`, and tool results as `<tool_response>` blocks inside one user turn.
+  `QWEN3_CHAT_TEMPLATE` is the same format as a jinja string for HF tokenizer directories;
+  the tests check that transformers' `apply_chat_template` renders it identically.
+* `CompactFormat` — the same structure with one-token role markers (`<|user|>`), one line
+  of tool signatures and compact JSON, so tiny byte-level models get short contexts.
+
+The agent loop never re-renders sampled tokens: it appends `generation_prompt()` pieces and
+`tool_results_text(...)` after each sampled turn, and the tests check that this incremental
+text equals `render()` of the whole conversation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from thundersync_jax.envs.base import ToolCall, ToolSpec
+from thundersync_jax.models import tokenizer as tokenizer_lib
+
+IM_START = tokenizer_lib.IM_START
+IM_END = tokenizer_lib.IM_END
+TOOL_CALL = tokenizer_lib.TOOL_CALL
+TOOL_CALL_END = tokenizer_lib.TOOL_CALL_END
+TOOL_RESPONSE = tokenizer_lib.TOOL_RESPONSE
+TOOL_RESPONSE_END = tokenizer_lib.TOOL_RESPONSE_END
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One chat message; `tool_calls` only on assistant messages, `tool` = one tool result."""
+
+    role: str
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"message role must be one of {ROLES}, got {self.role!r}")
+
+    def to_hf(self) -> dict[str, Any]:
+        """The OpenAI/HF dict form that `apply_chat_template` takes."""
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return d
+
+
+def tool_schema(spec: ToolSpec) -> dict[str, Any]:
+    """OpenAI-style function schema of a tool; every listed argument is a required string."""
+    properties = {
+        arg: {"type": "string", "description": desc} for arg, desc in spec.parameters.items()
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(spec.parameters),
+            },
+        },
+    }
+
+
+class ChatFormat:
+    """Renders conversations to text; subclasses fix the markers and the tool listing."""
+
+    name: str
+    end_of_turn: str = IM_END
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] = (),
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The whole conversation as text (a leading system message merges with the tools)."""
+        messages = list(messages)
+        system = None
+        if messages and messages[0].role == "system":
+            system, messages = messages[0].content, messages[1:]
+        out = [self.system_text(system, tools)]
+        for i, m in enumerate(messages):
+            if m.role == "tool":
+                if i == 0 or messages[i - 1].role != "tool":
+                    out.append(self._tool_turn_open())
+                out.append(self._tool_result(m.content))
+                if i == len(messages) - 1 or messages[i + 1].role != "tool":
+                    out.append(self._turn_close())
+            elif m.role == "assistant":
+                out.append(self._turn_open("assistant"))
+                out.append(self.assistant_text(m.content, m.tool_calls))
+                out.append(self._turn_close())
+            else:
+                out.append(self._turn_open(m.role) + m.content + self._turn_close())
+        if add_generation_prompt:
+            out.append(self.generation_prompt())
+        return "".join(out)
+
+    def prompt_text(self, system: str | None, user: str, tools: Sequence[ToolSpec]) -> str:
+        """The first prompt of an episode: system + tools, the task statement, then the
+        assistant header the model continues from."""
+        messages = ([Message("system", system)] if system is not None else []) + [
+            Message("user", user)
+        ]
+        return self.render(messages, tools, add_generation_prompt=True)
+
+    def assistant_text(self, content: str, calls: Sequence[ToolCall]) -> str:
+        """An assistant turn's body (content then calls), without the end-of-turn marker."""
+        out = [content]
+        for i, call in enumerate(calls):
+            if content or i > 0:
+                out.append(self._call_separator)
+            out.append(self.format_call(call))
+        return "".join(out)
+
+    def tool_results_text(self, observations: Sequence[str]) -> str:
+        """What follows an assistant turn's end-of-turn marker: the tool results turn and the
+        next assistant header. Equal to the matching slice of `render()`."""
+        body = "".join(self._tool_result(o) for o in observations)
+        return (
+            self._after_turn
+            + self._tool_turn_open()
+            + body
+            + self._turn_close()
+            + self.generation_prompt()
+        )
+
+    # Format-specific pieces.
+    _call_separator = "\n"
+    _after_turn = ""
+
+    def system_text(self, system: str | None, tools: Sequence[ToolSpec]) -> str:
+        raise NotImplementedError
+
+    def generation_prompt(self) -> str:
+        raise NotImplementedError
+
+    def format_call(self, call: ToolCall) -> str:
+        raise NotImplementedError
+
+    def _turn_open(self, role: str) -> str:
+        raise NotImplementedError
+
+    def _turn_close(self) -> str:
+        return self.end_of_turn + self._after_turn
+
+    def _tool_turn_open(self) -> str:
+        return self._turn_open("user")
+
+    def _tool_result(self, content: str) -> str:
+        raise NotImplementedError
+
+
+class Qwen3Format(ChatFormat):
+    """Qwen3's chat template (non-thinking rendering of assistant content, kept verbatim)."""
+
+    name = "qwen3"
+    _after_turn = "\n"
+    _TOOLS_HEADER = (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    )
+    _TOOLS_FOOTER = (
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+    def __init__(self, enable_thinking: bool = True):
+        """enable_thinking=False pre-fills an empty think block, as Qwen3's template does."""
+        self.enable_thinking = enable_thinking
+
+    def system_text(self, system: str | None, tools: Sequence[ToolSpec]) -> str:
+        if tools:
+            head = system + "\n\n" if system is not None else ""
+            listing = "".join("\n" + json.dumps(tool_schema(t), ensure_ascii=False) for t in tools)
+            body = head + self._TOOLS_HEADER + listing + self._TOOLS_FOOTER
+            return f"{IM_START}system\n{body}{IM_END}\n"
+        if system is not None:
+            return f"{IM_START}system\n{system}{IM_END}\n"
+        return ""
+
+    def generation_prompt(self) -> str:
+        prompt = f"{IM_START}assistant\n"
+        if not self.enable_thinking:
+            prompt += "<think>\n\n</think>\n\n"
+        return prompt
+
+    def format_call(self, call: ToolCall) -> str:
+        args = json.dumps(call.arguments, ensure_ascii=False)
+        return f'{TOOL_CALL}\n{{"name": "{call.name}", "arguments": {args}}}\n{TOOL_CALL_END}'
+
+    def _turn_open(self, role: str) -> str:
+        return f"{IM_START}{role}\n"
+
+    def _tool_turn_open(self) -> str:
+        # Qwen3 puts the newline before each <tool_response>, not after the role.
+        return f"{IM_START}user"
+
+    def _tool_result(self, content: str) -> str:
+        return f"\n{TOOL_RESPONSE}\n{content}\n{TOOL_RESPONSE_END}"
+
+
+class CompactFormat(ChatFormat):
+    """Qwen3's structure with one-token role markers and compact JSON, for tiny models."""
+
+    name = "compact"
+    _call_separator = ""
+    _ROLE_MARKERS = {
+        "system": tokenizer_lib.ByteTokenizer.SYSTEM,
+        "user": tokenizer_lib.ByteTokenizer.USER,
+        "assistant": tokenizer_lib.ByteTokenizer.ASSISTANT,
+    }
+
+    def system_text(self, system: str | None, tools: Sequence[ToolSpec]) -> str:
+        lines = [system] if system else []
+        if tools:
+            lines.append("tools: " + " ".join(f"{t.name}({','.join(t.parameters)})" for t in tools))
+        if not lines:
+            return ""
+        return self._turn_open("system") + "\n".join(lines) + self._turn_close()
+
+    def generation_prompt(self) -> str:
+        return self._ROLE_MARKERS["assistant"]
+
+    def format_call(self, call: ToolCall) -> str:
+        payload = json.dumps(
+            {"name": call.name, "arguments": call.arguments},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        return f"{TOOL_CALL}{payload}{TOOL_CALL_END}"
+
+    def _turn_open(self, role: str) -> str:
+        return self._ROLE_MARKERS[role]
+
+    def _tool_result(self, content: str) -> str:
+        return f"{TOOL_RESPONSE}{content}{TOOL_RESPONSE_END}"
+
+
+def get_format(tok_or_name: Any, enable_thinking: bool = True) -> ChatFormat:
+    """The chat format for a tokenizer (its `chat_format`) or a format name."""
+    name = tok_or_name if isinstance(tok_or_name, str) else tok_or_name.chat_format
+    if name == "qwen3":
+        return Qwen3Format(enable_thinking=enable_thinking)
+    if name == "compact":
+        return CompactFormat()
+    raise ValueError(f"unknown chat format {name!r}; valid: 'qwen3', 'compact'")
+
+
+def apply_chat_template(
+    tok: tokenizer_lib.Tokenizer,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec] = (),
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """Token ids of a conversation in the tokenizer's chat format (same call for both kinds)."""
+    return tok.encode(get_format(tok).render(messages, tools, add_generation_prompt))
+
+
+# ----------------------------------------------------------------------------------------
+# Tool-call parsing.
+
+MAX_CALL_CHARS = 65_536  # a single call's JSON; longer is an error, not a parse attempt
+MAX_CALLS_PER_TURN = 8
+_CALL_HINT = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedCall:
+    """One `<tool_call>` block: either a valid `call` or an `error` observation for the model."""
+
+    call: ToolCall | None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedTurn:
+    """An assistant turn split into free text and its tool-call blocks, in order."""
+
+    content: str
+    calls: tuple[ParsedCall, ...]
+
+    @property
+    def valid_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(p.call for p in self.calls if p.call is not None)
+
+
+def no_call_error(tools: Sequence[ToolSpec]) -> str:
+    """The observation given when an assistant turn contains no tool call at all."""
+    names = ", ".join(t.name for t in tools)
+    return f"error: no tool call found. Call one tool as {_CALL_HINT}; tools: {names}"
+
+
+def parse_tool_calls(
+    text: str, tools: Sequence[ToolSpec], max_calls: int = MAX_CALLS_PER_TURN
+) -> ParsedTurn:
+    """Splits assistant text into content and validated tool calls; never raises.
+
+    Every `<tool_call>...</tool_call>` block (an unterminated last block counts too) gives one
+    `ParsedCall`: bad JSON, an unknown tool, missing or unexpected arguments each become an
+    `error` string that the agent loop shows the model as that call's observation. Blocks
+    past `max_calls` collapse into one error.
+    """
+    specs = {t.name: t for t in tools}
+    content: list[str] = []
+    parsed: list[ParsedCall] = []
+    pos = 0
+    skipped = 0
+    while True:
+        start = text.find(TOOL_CALL, pos)
+        if start == -1:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:start])
+        body_start = start + len(TOOL_CALL)
+        end = text.find(TOOL_CALL_END, body_start)
+        body = text[body_start:] if end == -1 else text[body_start:end]
+        if len(parsed) >= max_calls:
+            skipped += 1
+        elif end == -1:
+            parsed.append(ParsedCall(None, f"error: unterminated tool call. Use {_CALL_HINT}"))
+        else:
+            parsed.append(_parse_one(body, specs))
+        if end == -1:
+            break
+        pos = end + len(TOOL_CALL_END)
+    if skipped:
+        parsed.append(
+            ParsedCall(
+                None,
+                f"error: {skipped} tool call(s) beyond the limit of {max_calls} "
+                "per turn were not run",
+            )
+        )
+    return ParsedTurn(content="".join(content).strip(), calls=tuple(parsed))
+
+
+def _parse_one(body: str, specs: dict[str, ToolSpec]) -> ParsedCall:
+    if len(body) > MAX_CALL_CHARS:
+        return ParsedCall(None, f"error: tool call of {len(body)} chars exceeds {MAX_CALL_CHARS}")
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        # RecursionError: deeply nested junk such as '[[[[...' exhausts the JSON decoder.
+        return ParsedCall(
+            None, f"error: tool call is not valid JSON ({_short(e)}). Use {_CALL_HINT}"
+        )
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ParsedCall(None, f'error: tool call needs a string "name". Use {_CALL_HINT}')
+    name = obj["name"]
+    spec = specs.get(name)
+    if spec is None:
+        valid = ", ".join(specs) or "(none)"
+        return ParsedCall(None, f"error: unknown tool {_short(name)!r}; tools: {valid}")
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        # Some models emit the arguments object as a JSON string; accept it when it is one.
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(args, dict):
+        return ParsedCall(None, f'error: "arguments" of {name} must be a JSON object')
+    expected = list(spec.parameters)
+    missing = [a for a in expected if a not in args]
+    unexpected = [a for a in args if a not in spec.parameters]
+    if missing or unexpected:
+        problems = []
+        if missing:
+            problems.append(f"missing {', '.join(missing)}")
+        if unexpected:
+            problems.append(f"unexpected {', '.join(_short(str(a)) for a in unexpected[:5])}")
+        signature = f"{name}({', '.join(expected)})"
+        return ParsedCall(None, f"error: bad arguments for {signature}: {'; '.join(problems)}")
+    return ParsedCall(ToolCall(name=name, arguments=args))
+
+
+def _short(x: Any, limit: int = 80) -> str:
+    s = str(x)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+# ----------------------------------------------------------------------------------------
+# The Qwen3 format as a jinja template, for HF tokenizer directories we write
+# (tokenizer_config.json "chat_template"). Written from the format described above; the
+# tests render conversations with transformers and compare against `Qwen3Format.render`.
+
+QWEN3_CHAT_TEMPLATE = """\
+{%- set msgs = messages -%}
+{%- if tools -%}
+{{- '<|im_start|>system\\n' -}}
+{%- if msgs and msgs[0].role == 'system' -%}{{- msgs[0].content + '\\n\\n' -}}{%- endif -%}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' -}}
+{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}
+{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ' -}}
+{{- 'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}
+{{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' -}}
+{%- elif msgs and msgs[0].role == 'system' -%}
+{{- '<|im_start|>system\\n' + msgs[0].content + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for m in msgs -%}
+{%- if m.role == 'system' and loop.first -%}
+{%- elif m.role == 'assistant' -%}
+{{- '<|im_start|>assistant\\n' + (m.content or '') -}}
+{%- for tc in (m.tool_calls or []) -%}
+{%- set call = tc.function if tc.function is defined else tc -%}
+{%- if m.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' -}}
+{%- if call.arguments is string -%}{{- call.arguments -}}
+{%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
+{{- '}\\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif m.role == 'tool' -%}
+{%- if loop.first or msgs[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' -}}
+{%- if loop.last or msgs[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}
+{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
+{%- endif -%}
+"""

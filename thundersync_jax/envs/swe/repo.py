@@ -1,0 +1,197 @@
+"""Git plumbing for SWE workspaces: check out base_commit, diff, apply patches.
+
+A workspace is a plain directory (the sandbox root the agent sees) whose git
+metadata lives *outside* it, in a private bare repository: the agent's
+commands cannot touch the git config or hooks that these host-side git calls
+read, and the workspace holds only the project's files. The private repository
+shares objects with the source (`git clone --shared`), so set-up costs no copy
+of the history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+
+# Files that tests and interpreters leave behind; never part of a model patch.
+_EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", "*.egg-info/")
+
+# Global config the user may have set must not change diff or apply output.
+_GIT_CONFIG = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    # The sandbox owns the work tree (another uid); git would refuse it as "dubious".
+    "-c",
+    "safe.directory=*",
+    "-c",
+    "diff.noprefix=false",
+    "-c",
+    "diff.mnemonicPrefix=false",
+    "-c",
+    "diff.external=",
+    "-c",
+    "color.ui=never",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "user.name=thundersync",
+    "-c",
+    "user.email=thundersync@localhost",
+)
+
+
+class GitError(RuntimeError):
+    """A git command failed; the message holds the command and its stderr."""
+
+
+def run_git(args: Sequence[str], cwd: str, stdin: str | None = None, timeout: float = 120) -> str:
+    """Runs `git ARGS` and returns stdout; raises GitError with stderr on failure."""
+    cmd = ["git", *_GIT_CONFIG, *args]
+    proc = subprocess.run(
+        cmd,
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+    )
+    if proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """A checked-out tree (`path`) and its private git directory (`git_dir`) at `base_commit`."""
+
+    path: str
+    git_dir: str
+    base_commit: str
+
+    def git(self, *args: str, stdin: str | None = None) -> str:
+        return run_git(
+            ["--git-dir", self.git_dir, "--work-tree", self.path, *args], self.path, stdin
+        )
+
+    def diff(self) -> str:
+        """The workspace's changes against base_commit as a unified diff (new files included)."""
+        self.git("add", "-A", ".")
+        return self.git(
+            "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", self.base_commit
+        )
+
+    def apply(self, patch: str) -> None:
+        """Applies a unified diff to the tree; raises GitError naming why it does not apply.
+
+        Tries `git apply`, then GNU patch with fuzz (as the SWE-bench harness does), so
+        patches with slightly shifted context still apply.
+        """
+        if not patch.strip():
+            return
+        if not patch.endswith("\n"):
+            patch += "\n"
+        try:
+            self.git("apply", "--whitespace=nowarn", "-", stdin=patch)
+            return
+        except GitError as git_err:
+            first_error = str(git_err)
+        # `patch --dry-run` first, so a failed attempt leaves no half-applied files.
+        for dry in (True, False):
+            proc = subprocess.run(
+                ["patch", "--batch", "--fuzz=5", "-p1", *(["--dry-run"] if dry else [])],
+                cwd=self.path,
+                input=patch,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if proc.returncode != 0:
+                raise GitError(f"{first_error}; patch --fuzz=5: {proc.stdout.strip()[-300:]}")
+
+    def reset_files(self, paths: Sequence[str]) -> None:
+        """Restores `paths` to base_commit; removes those that do not exist there."""
+        if not paths:
+            return
+        at_base = set(
+            self.git("ls-tree", "-r", "--name-only", self.base_commit, "--", *paths).split("\n")
+        )
+        existing = [p for p in paths if p in at_base]
+        if existing:
+            self.git("checkout", self.base_commit, "--", *existing)
+        for p in paths:
+            if p not in at_base:
+                full = os.path.join(self.path, p)
+                if os.path.lexists(full) and not os.path.isdir(full):
+                    os.remove(full)
+
+
+def checkout(source_repo: str, base_commit: str, path: str, git_dir: str) -> Workspace:
+    """Checks out `base_commit` of the local repository `source_repo` into the empty `path`.
+
+    Args:
+      source_repo: a local git repository (work tree or bare) holding base_commit.
+      base_commit: a commit hash (or any rev) in source_repo.
+      path: the workspace directory to fill; created if missing.
+      git_dir: where the private bare repository goes (outside `path`); must not exist.
+    """
+    if not os.path.isdir(source_repo):
+        raise GitError(f"repo_path {source_repo!r} is not a directory")
+    os.makedirs(path, exist_ok=True)
+    run_git(["clone", "--quiet", "--bare", "--shared", "--no-tags", source_repo, git_dir], path)
+    with open(os.path.join(git_dir, "info", "exclude"), "a") as f:
+        f.write("\n".join(_EXCLUDES) + "\n")
+    try:
+        commit = run_git(
+            ["--git-dir", git_dir, "rev-parse", "--verify", base_commit + "^{commit}"], path
+        )
+    except GitError:
+        raise GitError(f"base_commit {base_commit!r} is not a commit of {source_repo}") from None
+    ws = Workspace(path=path, git_dir=git_dir, base_commit=commit.strip())
+    ws.git("reset", "--quiet", "--hard", ws.base_commit)
+    return ws
+
+
+def mirror(repo: str, cache_dir: str, url_template: str = "https://github.com/{repo}.git") -> str:
+    """A bare mirror of `repo` ("owner/name") under cache_dir, cloned once (process-safe)."""
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        raise GitError(f"repo must look like 'owner/name', got {repo!r}")
+    os.makedirs(cache_dir, exist_ok=True)
+    dest = os.path.join(cache_dir, repo.replace("/", "__") + ".git")
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(dest):
+            url = url_template.format(repo=repo)
+            run_git(["clone", "--quiet", "--mirror", url, dest + ".tmp"], cache_dir, timeout=1800)
+            os.rename(dest + ".tmp", dest)
+    return dest
+
+
+def patched_paths(patch: str) -> list[str]:
+    """Paths a unified diff touches (old and new names, not /dev/null), in first-seen order.
+
+    A file header is a "--- " line, then a "+++ " line, then a hunk header; requiring all
+    three keeps hunk lines that merely look like headers ("--- a/x" removed) out.
+    """
+    lines = patch.splitlines()
+    paths = []
+    for i in range(len(lines) - 2):
+        if not (
+            lines[i].startswith("--- ")
+            and lines[i + 1].startswith("+++ ")
+            and lines[i + 2].startswith("@@")
+        ):
+            continue
+        for line in lines[i : i + 2]:
+            name = line[4:].split("\t", 1)[0]
+            if name.startswith('"') and name.endswith('"'):
+                # git C-quotes unusual names; octal escapes are UTF-8 bytes.
+                raw = name[1:-1].encode("utf-8").decode("unicode_escape")
+                name = raw.encode("latin-1").decode("utf-8", errors="replace")
+            if name.startswith(("a/", "b/")):
+                paths.append(name[2:])
+    return list(dict.fromkeys(paths))

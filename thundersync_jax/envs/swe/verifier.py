@@ -1,0 +1,154 @@
+"""The SWE-bench verifier: score a model patch by the instance's tests, in the sandbox.
+
+Harness order (as SWE-bench): a fresh checkout of base_commit, the model patch,
+the test files of `test_patch` reset to base_commit (a model may not edit the
+tests that judge it), `test_patch`, then FAIL_TO_PASS + PASS_TO_PASS run with
+`test_cmd` inside a Sandbox. Resolved when every one of them passes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from thundersync_jax.envs.base import VerifierResult
+from thundersync_jax.envs.sandbox import RunResult, Sandbox
+from thundersync_jax.envs.swe import pytest_report, repo
+from thundersync_jax.envs.swe.instance import SweInstance
+
+DEFAULT_SANDBOX = {"timeout_s": 60.0, "memory_mb": 2048}
+_OUTPUT_TAIL = 3000
+
+
+def source_repo(instance: SweInstance, cache_dir: str) -> str:
+    """The local repository holding the instance's base_commit (cloned once when remote)."""
+    if instance.repo_path:
+        return instance.repo_path
+    return repo.mirror(instance.repo, cache_dir)
+
+
+def test_command(instance: SweInstance, test_ids: Sequence[str]) -> str:
+    """`test_cmd` with the pytest report flag and the shell-quoted test ids appended."""
+    cmd = instance.test_cmd
+    if "pytest" in cmd and not re.search(r"(^|\s)-r\S*A", cmd):
+        cmd += " -rA"
+    return " ".join([cmd, *(shlex.quote(t) for t in test_ids)])
+
+
+def run_tests(
+    sandbox: Sandbox, instance: SweInstance, test_ids: Sequence[str], timeout_s: float | None = None
+) -> tuple[dict[str, str], list[RunResult]]:
+    """Runs `test_ids` and returns {id: PASSED|FAILED|ERROR} plus the raw runs.
+
+    When pytest rejects an id it cannot find (it then runs nothing at all), the
+    test files are run whole and the ids looked up in that report. Ids that no
+    report mentions are ERROR (they never produced a result).
+    """
+    runs = [sandbox.run(test_command(instance, test_ids), timeout_s=timeout_s)]
+    statuses = pytest_report.parse_statuses(runs[0].stdout, test_ids)
+    missing = [t for t in test_ids if t not in statuses]
+    first = runs[0].stdout + runs[0].stderr
+    if missing and not runs[0].timed_out and (runs[0].exit_code == 4 or "not found:" in first):
+        files = list(dict.fromkeys(t.split("::", 1)[0] for t in missing))
+        runs.append(sandbox.run(test_command(instance, files), timeout_s=timeout_s))
+        statuses.update(pytest_report.parse_statuses(runs[1].stdout, missing))
+    return {t: statuses.get(t, pytest_report.ERROR) for t in test_ids}, runs
+
+
+def evaluate_patch(
+    instance: SweInstance,
+    model_patch: str,
+    workdir: str,
+    sandbox_config: Mapping[str, Any] | None = None,
+    *,
+    partial_credit: bool = False,
+    cache_dir: str | None = None,
+    timeout_s: float | None = None,
+) -> VerifierResult:
+    """Scores `model_patch` on `instance`: reward 1 when every FAIL_TO_PASS and PASS_TO_PASS
+    test passes, else 0 (or the fraction passing with `partial_credit`).
+
+    A patch that does not apply gives reward 0 with the reason, not an exception.
+    Problems of the instance itself (bad base_commit, test_patch not applying) raise.
+
+    Args:
+      instance: the task.
+      model_patch: a unified diff against base_commit ("" = no change).
+      workdir: scratch space; a fresh checkout is made under it and removed after.
+      sandbox_config: keyword arguments of `Sandbox` (timeout_s, memory_mb, ...).
+      partial_credit: reward the fraction of tests passing instead of all-or-nothing.
+      cache_dir: where remote repositories are mirrored (default workdir/repos).
+      timeout_s: wall-clock limit of one test run (default: the sandbox's).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    source = source_repo(instance, cache_dir or os.path.join(workdir, "repos"))
+    scratch = tempfile.mkdtemp(prefix="eval-", dir=workdir)
+    try:
+        ws = repo.checkout(
+            source,
+            instance.base_commit,
+            os.path.join(scratch, "repo"),
+            os.path.join(scratch, "git"),
+        )
+        try:
+            ws.apply(model_patch)
+        except repo.GitError as e:
+            return VerifierResult(
+                reward=0.0,
+                reason=f"model patch does not apply: {e}",
+                details={"resolved": False, "patch_applied": False, "tests": {}},
+            )
+        ws.reset_files(repo.patched_paths(instance.test_patch))
+        try:
+            ws.apply(instance.test_patch)
+        except repo.GitError as e:
+            raise repo.GitError(f"instance {instance.instance_id}: test_patch: {e}") from None
+        config = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
+        config["env"] = {**instance.env, **config.get("env", {})}
+        with Sandbox(ws.path, **config) as sb:
+            tests, runs = run_tests(sb, instance, instance.test_ids, timeout_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return score(instance, tests, runs, partial_credit)
+
+
+def score(
+    instance: SweInstance, tests: dict[str, str], runs: list[RunResult], partial_credit: bool
+) -> VerifierResult:
+    """The VerifierResult of per-test statuses (all pass = resolved)."""
+    passed = [t for t in instance.test_ids if tests.get(t) == pytest_report.PASSED]
+    resolved = len(passed) == len(instance.test_ids)
+    f2p_failing = [t for t in instance.fail_to_pass if tests.get(t) != pytest_report.PASSED]
+    p2p_failing = [t for t in instance.pass_to_pass if tests.get(t) != pytest_report.PASSED]
+    if resolved:
+        reason = f"resolved: all {len(passed)} tests pass"
+    else:
+        reason = f"unresolved: FAIL_TO_PASS {len(f2p_failing)} failing, PASS_TO_PASS " + (
+            f"{len(p2p_failing)} failing"
+        )
+        if any(r.timed_out for r in runs):
+            reason += " (test run timed out)"
+    if resolved:
+        reward = 1.0
+    elif partial_credit and instance.test_ids:
+        reward = len(passed) / len(instance.test_ids)
+    else:
+        reward = 0.0
+    output = "\n".join(r.stdout + r.stderr for r in runs)
+    return VerifierResult(
+        reward=reward,
+        reason=reason,
+        details={
+            "resolved": resolved,
+            "patch_applied": True,
+            "tests": tests,
+            "timed_out": any(r.timed_out for r in runs),
+            "exit_codes": [r.exit_code for r in runs],
+            "output_tail": output[-_OUTPUT_TAIL:],
+        },
+    )

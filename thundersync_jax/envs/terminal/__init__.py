@@ -1,0 +1,24 @@
+"""Terminal tasks in a SETA-like format (instruction, setup script, checker script).
+
+from thundersync_jax.envs import terminal
+for task in terminal.generate_tasks(21, seed=0):
+    with terminal.TerminalEnv(task) as env:
+        prompt = env.reset()
+        ...  # env.step(ToolCall("bash", {"command": "ls"})), env.step(submit)
+        reward = env.verify().reward
+"""
+
+from thundersync_jax.envs.terminal.env import TOOLS, TerminalEnv
+from thundersync_jax.envs.terminal.families import FAMILIES, generate_tasks
+from thundersync_jax.envs.terminal.task import CheckerScript, TerminalTask, bash, submit
+
+__all__ = [
+    "FAMILIES",
+    "TOOLS",
+    "CheckerScript",
+    "TerminalEnv",
+    "TerminalTask",
+    "bash",
+    "generate_tasks",
+    "submit",
+]

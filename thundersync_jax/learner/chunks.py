@@ -1,0 +1,157 @@
+"""Jitted score-gradient chunks: h = Σ_b Σ_t w[b,t]·m[b,t]·∇ log π(o[b,t] | o[b,<t]).
+
+One call covers one trajectory, several trajectories of the same (group, reward) slot packed as
+rows, or one turn of a multi-turn trajectory (forward over the whole prefix, `loss_mask` set on
+that turn's tokens only: the OPD per-turn mode; the per-turn gradients sum to the trajectory's).
+
+Shapes are padded to buckets (see `buckets.py`) so the number of compilations is bounded;
+`fn.compiles` counts them (and `total_compiles()` across all functions, for metrics).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from thundersync_jax import losses
+from thundersync_jax.learner import buckets
+from thundersync_jax.models import lora
+
+_TOTAL_COMPILES = 0
+_TOTAL_LOCK = threading.Lock()
+
+
+def total_compiles() -> int:
+    """Compilations of every score-gradient function in this process (a metrics counter)."""
+    return _TOTAL_COMPILES
+
+
+def _count_compile() -> None:
+    global _TOTAL_COMPILES
+    with _TOTAL_LOCK:
+        _TOTAL_COMPILES += 1
+
+
+def _weighted_logprob_sum(
+    model: Any,
+    tokens: Int[Array, "B T"],
+    loss_mask: Float[Array, "B T"],
+    token_weights: Float[Array, "B T"],
+) -> Float[Array, ""]:
+    """Σ w·m·log π(tokens[:, t] | tokens[:, <t]); position 0 has no context and is never scored."""
+    logits = model(tokens[:, :-1])  # [B, T-1, V]: logits at t-1 predict token t
+    logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1] float32
+    return jnp.sum(logp * (loss_mask[:, 1:] * token_weights[:, 1:]))
+
+
+class ScoreGradFn:
+    """A jitted score-gradient function with a compile counter (see `make_score_grad_fn`).
+
+    Attributes:
+      seq_buckets: allowed padded sequence lengths (sorted).
+      remat: per-layer rematerialization in the backward pass.
+      lora: whether the trainable parameters are LoRA adapters over frozen base params.
+      compiles: number of compilations so far (one per distinct padded shape / tree layout).
+    """
+
+    def __init__(
+        self,
+        graphdef: nnx.GraphDef,
+        seq_buckets: Sequence[int],
+        remat: bool = False,
+        lora_adapters: bool = False,
+        pad_id: int = 0,
+        out_shardings: Any = None,
+    ):
+        self.graphdef = graphdef
+        self.seq_buckets = buckets.validate_buckets(seq_buckets)
+        self.remat = bool(remat)
+        self.lora = bool(lora_adapters)
+        self.pad_id = int(pad_id)
+        self.compiles = 0
+        jit_kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
+        self._jitted = jax.jit(self._score_grad, **jit_kwargs)
+
+    def _model(self, params: Any, base_params: Any) -> Any:
+        full = lora.merge(jax.lax.stop_gradient(base_params), params) if self.lora else params
+        model = nnx.merge(self.graphdef, full)
+        if self.remat:
+            if not hasattr(model, "remat"):
+                raise ValueError(f"{type(model).__name__} has no `remat` switch for per-layer remat")
+            model.remat = True  # the model wraps each decoder layer in nnx.remat
+        return model
+
+    def _score_grad(self, params, base_params, tokens, loss_mask, token_weights):
+        # Runs once per trace, i.e. once per compilation of this jitted function.
+        self.compiles += 1
+        _count_compile()
+
+        def objective(trainable):
+            model = self._model(trainable, base_params)
+            return _weighted_logprob_sum(model, tokens, loss_mask, token_weights)
+
+        grads = jax.grad(objective)(params)
+        # Tallies are float32 whatever the param dtype (bf16 grads are upcast once, here).
+        return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+
+    def __call__(
+        self,
+        params: Any,
+        tokens: Int[Array, "B T"] | np.ndarray,
+        loss_mask: Float[Array, "B T"] | np.ndarray,
+        token_weights: Float[Array, "B T"] | np.ndarray | None = None,
+        base_params: Any = None,
+    ) -> tuple[Any, int]:
+        """Returns (h, n): h the float32 score-gradient pytree (shaped like `params`), n = Σ mask.
+
+        Args:
+          params: trainable parameters: the model params, or LoRA `Adapters` when built with
+            `lora=True` (then h is shaped like the adapters).
+          tokens: int [B, T]; row b is one sequence (prompt and completion), right-padded.
+          loss_mask: [B, T] 0/1; 1 scores tokens[b, t] given tokens[b, <t] (position 0 must be 0).
+          token_weights: [B, T] per-token weights (1/n_i per row for seq-mean-token-mean packing,
+            Â_t for OPD); None = all ones.
+          base_params: frozen model params, required with `lora=True`.
+        """
+        if self.lora and base_params is None:
+            raise ValueError("a LoRA score-gradient function needs base_params (the frozen model)")
+        chunk = buckets.pad_chunk(tokens, loss_mask, token_weights, self.seq_buckets, self.pad_id)
+        if not np.all((chunk.loss_mask == 0) | (chunk.loss_mask == 1)):
+            raise ValueError("loss_mask must hold only 0 and 1 (put weights in token_weights)")
+        h = self._jitted(params, base_params, chunk.tokens, chunk.loss_mask, chunk.token_weights)
+        return h, int(chunk.loss_mask.sum())
+
+
+def make_score_grad_fn(
+    graphdef: nnx.GraphDef,
+    seq_buckets: Sequence[int] = (128, 256, 512, 1024, 2048),
+    remat: bool = False,
+    *,
+    lora: bool = False,
+    pad_id: int = 0,
+    out_shardings: Any = None,
+) -> ScoreGradFn:
+    """Builds the jitted score-gradient function for a model structure (`nnx.split` graphdef).
+
+    Args:
+      graphdef: from `graphdef, params = nnx.split(model, nnx.Param)`.
+      seq_buckets: padded sequence lengths; a chunk longer than the largest raises ValueError.
+      remat: rematerialize each decoder layer in the backward pass (less activation memory,
+        about one extra forward of compute).
+      lora: trainable params are LoRA adapters; call as fn(adapters, ..., base_params=params).
+      pad_id: token id used for padding (never scored).
+      out_shardings: optional sharding pytree for h (e.g. the parameter shardings), so the
+        gradient lands laid out like the parameters and the accumulator tallies.
+
+    Returns:
+      fn(params, tokens, loss_mask, token_weights=None, base_params=None) -> (h, n), with
+      `fn.compiles` counting compilations.
+    """
+    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings)

@@ -1,0 +1,92 @@
+"""The learner's train state and its one optimizer step per batch.
+
+The state is one explicit pytree (params, optimizer state, step, RNG, data
+position) so Orbax can checkpoint it whole and a restarted run resumes exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adamw", "adam", "sgd")
+
+
+class TrainState(NamedTuple):
+    """Everything a resumed run needs.
+
+    Attributes:
+      step: optimizer steps taken (int32); also the policy version.
+      params: trainable parameters (full model, or LoRA adapters).
+      opt_state: optax state of `params`.
+      rng: PRNG key data (uint32[2]) for anything random in the learner.
+      data_position: index of the next batch of prompts (int32).
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    data_position: jax.Array
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+    """optax chain from the `optim` config section; clipping acts on the finalized gradient."""
+    name = cfg.name
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optim.name={name!r}; valid: {', '.join(OPTIMIZERS)}")
+    if not cfg.learning_rate > 0:
+        raise ValueError(f"optim.learning_rate={cfg.learning_rate} must be > 0")
+    if name == "adamw":
+        opt = optax.adamw(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+    elif name == "adam":
+        opt = optax.adam(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2)
+    else:
+        opt = optax.sgd(cfg.learning_rate)
+    if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+        opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
+    return opt
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        rng=jax.random.key_data(jax.random.key(seed)),
+        data_position=jnp.zeros((), jnp.int32),
+    )
+
+
+def make_apply_update(optimizer: optax.GradientTransformation):
+    """Returns jitted `apply(state, grads) -> (state, finite, grad_norm)`.
+
+    A non-finite gradient leaves params and optimizer state untouched (the step
+    is skipped) but still advances `step` and `data_position`, so the run moves
+    on to the next batch and stays deterministic.
+    """
+
+    @jax.jit
+    def apply(state: TrainState, grads):
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(grad_norm)
+        safe = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+        updates, new_opt = optimizer.update(safe, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        return (
+            TrainState(
+                step=state.step + 1,
+                params=keep(new_params, state.params),
+                opt_state=keep(new_opt, state.opt_state),
+                rng=state.rng,
+                data_position=state.data_position + 1,
+            ),
+            finite,
+            grad_norm,
+        )
+
+    return apply

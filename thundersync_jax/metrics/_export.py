@@ -1,0 +1,72 @@
+"""Bridges between timelines and the simulator: arrival-trace export and sim → timeline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from thundersync_jax.metrics._timeline import CHUNK, OPT, PUBLISH, ROLLOUT, Timeline
+from thundersync_jax.sim import Arrival, SimResult, write_trace
+
+_ROLLOUT_ATTRS = ("traj_id", "group", "member", "tokens", "reward")
+
+
+def arrivals_from_timeline(tl: Timeline, step: int = 0) -> list[Arrival]:
+    """The step's arrivals (reward-known times relative to batch start) from its rollout events."""
+    out = []
+    for e in tl.events(ROLLOUT):
+        missing = [k for k in _ROLLOUT_ATTRS if k not in e.attrs]
+        if missing:
+            raise ValueError(f"rollout event {e.attrs} lacks {missing}: cannot export an arrival")
+        a = e.attrs
+        out.append(
+            Arrival(
+                traj_id=int(a["traj_id"]),
+                group=int(a["group"]),
+                member=int(a["member"]),
+                arrival_s=e.end - tl.start_s,
+                tokens=int(a["tokens"]),
+                reward=float(a["reward"]),
+                step=int(step),
+            )
+        )
+    return sorted(out, key=lambda r: r.traj_id)
+
+
+def export_arrivals(tl: Timeline, path: str | os.PathLike, step: int) -> list[Arrival]:
+    """Appends the step's arrivals to a JSONL trace the simulator can replay; returns them."""
+    arrivals = arrivals_from_timeline(tl, step)
+    write_trace(path, arrivals, append=True)
+    return arrivals
+
+
+def timeline_from_sim(trace: Sequence[Arrival], result: SimResult) -> Timeline:
+    """A timeline (batch start 0) of a simulated step, for plots and trace export.
+
+    Rollouts run from 0 to their arrival; learner chunks, opt and publish come
+    from `result.chunks`.
+    """
+    tl = Timeline(start_s=0.0, schedule=result.schedule)
+    by_id = {a.traj_id: a for a in trace}
+    for a in trace:
+        tl.record(
+            ROLLOUT,
+            0.0,
+            a.arrival_s,
+            traj_id=a.traj_id,
+            group=a.group,
+            member=a.member,
+            tokens=a.tokens,
+            reward=a.reward,
+        )
+    for c in result.chunks:
+        if c.kind == "opt":
+            tl.record(OPT, c.start, c.end)
+        elif c.kind == "publish":
+            tl.record(PUBLISH, c.start, c.end)
+        else:
+            unknown = [i for i in c.ids if i not in by_id]
+            if unknown:
+                raise ValueError(f"sim chunk refers to traj_ids {unknown} not in the trace")
+            tl.record(CHUNK, c.start, c.end, reason=c.kind, group=by_id[c.ids[0]].group, ids=c.ids)
+    return tl

@@ -1,0 +1,51 @@
+"""Dense Qwen3 (and Qwen2/Qwen2.5) in Flax NNX, with HF safetensors I/O and a KV cache.
+
+from thundersync_jax.models import qwen3
+model = qwen3.from_pretrained(path, dtype=jnp.float32)
+logits = model(input_ids)                      # [B, T] int32 -> [B, T, V] float32
+qwen3.save_pretrained(model, path)             # loadable by transformers
+"""
+
+from thundersync_jax.models.qwen3._cache import KVCache, init_cache, reset_rows
+from thundersync_jax.models.qwen3._config import Qwen3Config
+from thundersync_jax.models.qwen3._hf_io import (
+    from_hf_state_dict,
+    from_pretrained,
+    read_config,
+    read_safetensors,
+    save_pretrained,
+    tensor_table,
+    to_hf_state_dict,
+)
+from thundersync_jax.models.qwen3._modules import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    Embed,
+    Linear,
+    Qwen3,
+    RMSNorm,
+    apply_rope,
+)
+
+__all__ = [
+    "MLP",
+    "Attention",
+    "DecoderLayer",
+    "Embed",
+    "KVCache",
+    "Linear",
+    "Qwen3",
+    "Qwen3Config",
+    "RMSNorm",
+    "apply_rope",
+    "from_hf_state_dict",
+    "from_pretrained",
+    "init_cache",
+    "read_config",
+    "read_safetensors",
+    "reset_rows",
+    "save_pretrained",
+    "tensor_table",
+    "to_hf_state_dict",
+]

@@ -1,0 +1,385 @@
+"""Dense Qwen3 / Qwen2 decoder in Flax NNX.
+
+Axis letters in einsum strings and shape comments:
+  B batch, T query tokens, S key slots, D hidden (embed), N query heads, K key/value heads,
+  G query heads per key/value head (N = K*G), H head_dim, F mlp width, V vocab.
+
+Attribute names follow the HF module tree (embed_tokens, layers[i].self_attn.q_proj, ...), so the
+HF <-> NNX mapping in `_hf_io.py` is one table. Leaf parameters are named `kernel`, `bias`
+(projections), `scale` (RMSNorm) and `embedding`; kernels are stored input-major ([in, ...out]),
+and every parameter carries logical axis names (nnx.with_partitioning metadata) from
+{"vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "norm"} for a mesh mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Int
+
+from thundersync_jax.models.qwen3 import _cache
+from thundersync_jax.models.qwen3._config import Qwen3Config
+
+_INIT_STD = 0.02  # HF initializer_range for Qwen2/Qwen3
+
+
+def _param(
+    rngs: nnx.Rngs,
+    init: Callable,
+    shape: Sequence[int],
+    dtype: jnp.dtype,
+    axes: tuple[str, ...],
+) -> nnx.Param:
+    """A parameter annotated with logical axis names (mapped to a mesh by the sharding rules).
+
+    eager_sharding=False: the names are metadata only; the model builds without a mesh, and
+    the sharding rules decide placement later (e.g. jit with out_shardings under eval_shape).
+    """
+    annotated = nnx.with_partitioning(init, axes, eager_sharding=False)
+    return nnx.Param(annotated(rngs.params(), tuple(shape), dtype))
+
+
+class Linear(nnx.Module):
+    """A projection written as one einsum, with an optional bias over the output axes."""
+
+    def __init__(
+        self,
+        einsum_str: str,
+        kernel_shape: Sequence[int],
+        kernel_axes: tuple[str, ...],
+        bias_axes: tuple[str, ...] | None = None,
+        *,
+        dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.einsum_str = einsum_str
+        self.dtype = dtype
+        self.kernel = _param(
+            rngs, nnx.initializers.normal(_INIT_STD), kernel_shape, param_dtype, kernel_axes
+        )
+        if bias_axes is None:
+            self.bias = None
+        else:
+            bias_shape = kernel_shape[len(kernel_shape) - len(bias_axes) :]
+            self.bias = _param(rngs, nnx.initializers.zeros, bias_shape, param_dtype, bias_axes)
+
+    def __call__(self, x: Array) -> Array:
+        y = jnp.einsum(self.einsum_str, x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis, statistics in float32 (as HF's Qwen3RMSNorm)."""
+
+    def __init__(
+        self, dim: int, eps: float, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
+    ):
+        self.eps = eps
+        self.dtype = dtype
+        self.scale = _param(rngs, nnx.initializers.ones, (dim,), param_dtype, ("norm",))
+
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # HF rounds the normalized activations to the input dtype before scaling.
+        return self.scale[...].astype(self.dtype) * normed.astype(x.dtype).astype(self.dtype)
+
+
+class Embed(nnx.Module):
+    """Token embedding; `attend` is the tied LM head (logits in float32)."""
+
+    def __init__(
+        self, vocab_size: int, dim: int, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
+    ):
+        self.dtype = dtype
+        self.embedding = _param(
+            rngs,
+            nnx.initializers.normal(_INIT_STD),
+            (vocab_size, dim),
+            param_dtype,
+            ("vocab", "embed"),
+        )
+
+    def __call__(self, ids: Int[Array, "B T"]) -> Float[Array, "B T D"]:
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
+        table = self.embedding[...].astype(self.dtype)
+        return jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
+
+
+def apply_rope(
+    x: Float[Array, "B T N H"], positions: Int[Array, "B T"], theta: float
+) -> Float[Array, "B T N H"]:
+    """Default RoPE, HF's rotate-half convention (first half of H pairs with the second half)."""
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2)."""
+
+    def __init__(
+        self, cfg: Qwen3Config, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
+    ):
+        d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cfg = cfg
+        self.dtype = dtype
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        qkv_bias = cfg.qkv_bias
+        self.q_proj = Linear(
+            "BTD,DNH->BTNH",
+            (d, n, h),
+            ("embed", "q_heads", "head_dim"),
+            ("q_heads", "head_dim") if qkv_bias else None,
+            **kw,
+        )
+        self.k_proj = Linear(
+            "BTD,DKH->BTKH",
+            (d, k, h),
+            ("embed", "kv_heads", "head_dim"),
+            ("kv_heads", "head_dim") if qkv_bias else None,
+            **kw,
+        )
+        self.v_proj = Linear(
+            "BTD,DKH->BTKH",
+            (d, k, h),
+            ("embed", "kv_heads", "head_dim"),
+            ("kv_heads", "head_dim") if qkv_bias else None,
+            **kw,
+        )
+        self.o_proj = Linear(
+            "BTNH,NHD->BTD",
+            (n, h, d),
+            ("q_heads", "head_dim", "embed"),
+            ("embed",) if cfg.o_bias else None,
+            **kw,
+        )
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+            self.k_norm = RMSNorm(h, cfg.rms_norm_eps, **kw)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(
+        self,
+        x: Float[Array, "B T D"],
+        positions: Int[Array, "B T"],
+        mask: Bool[Array, "B T S"],
+        cache_layer: tuple[Array, Array, int, Array] | None = None,
+    ) -> tuple[Float[Array, "B T D"], tuple[Array, Array] | None]:
+        """Attention output and, with a cache, the updated full (k, v) cache arrays.
+
+        cache_layer: (k [L,B,S,K,H], v [L,B,S,K,H], this layer's index, write_index [B,T]).
+        """
+        cfg = self.cfg
+        q = self.q_proj(x)  # [B, T, N, H]
+        k = self.k_proj(x)  # [B, T, K, H]
+        v = self.v_proj(x)  # [B, T, K, H]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, cfg.rope_theta)
+        k = apply_rope(k, positions, cfg.rope_theta)
+        new_kv = None
+        if cache_layer is not None:
+            k_all, v_all, layer, write_index = cache_layer
+            k_all = _cache.write_layer(k_all, layer, k, write_index)  # [L, B, S, K, H]
+            v_all = _cache.write_layer(v_all, layer, v, write_index)  # [L, B, S, K, H]
+            new_kv = (k_all, v_all)
+            k, v = k_all[layer].astype(self.dtype), v_all[layer].astype(self.dtype)  # [B, S, K, H]
+        b, t = q.shape[:2]
+        q = q.reshape(b, t, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
+        scores = jnp.einsum(
+            "BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32
+        )  # [B, K, G, T, S]
+        scores = scores * cfg.head_dim**-0.5
+        # A finite floor, not -inf: a query with nothing visible (padding) gets a uniform
+        # distribution instead of NaN, and NaN cannot leak into gradients.
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)  # [B, T, K, G, H]
+        out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)  # [B, T, N, H]
+        return self.o_proj(out), new_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(
+        self, cfg: Qwen3Config, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
+    ):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
+        self.up_proj = Linear("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
+        self.down_proj = Linear("BTF,FD->BTD", (f, d), ("mlp", "embed"), **kw)
+
+    def __call__(self, x: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self, cfg: Qwen3Config, *, dtype: jnp.dtype, param_dtype: jnp.dtype, rngs: nnx.Rngs
+    ):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.self_attn = Attention(cfg, **kw)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.mlp = MLP(cfg, **kw)
+
+    def __call__(
+        self,
+        x: Float[Array, "B T D"],
+        positions: Int[Array, "B T"],
+        mask: Bool[Array, "B T S"],
+        cache_layer: tuple[Array, Array, int, Array] | None = None,
+    ) -> tuple[Float[Array, "B T D"], tuple[Array, Array] | None]:
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, mask, cache_layer)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_kv
+
+
+def _run_layer(layer, x, positions, mask, cache_layer):
+    return layer(x, positions, mask, cache_layer)
+
+
+class Qwen3(nnx.Module):
+    """Qwen3 (or Qwen2/Qwen2.5) causal LM: token ids -> float32 next-token logits.
+
+    Args:
+      cfg: architecture.
+      dtype: activation / matmul dtype (e.g. bfloat16); RMSNorm statistics, softmax and the
+        logits are always float32.
+      param_dtype: storage dtype of the parameters.
+      remat: rematerialize each decoder layer in the backward pass (saves activation memory).
+      rngs: parameter initialization randomness (keyword-only).
+    """
+
+    def __init__(
+        self,
+        cfg: Qwen3Config,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        remat: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.remat = remat
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, **kw)
+        self.layers = nnx.List([DecoderLayer(cfg, **kw) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        if cfg.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(
+                "BTD,DV->BTV", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), **kw
+            )
+
+    def hidden_states(
+        self,
+        input_ids: Int[Array, "B T"],
+        *,
+        positions: Int[Array, "B T"] | None = None,
+        attention_mask: Bool[Array, "B T"] | None = None,
+        cache: _cache.KVCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], _cache.KVCache | None]:
+        """Final-norm hidden states (before the LM head), and the updated cache if one was given.
+
+        See `__call__` for the arguments; split out so callers that need the logits of a few
+        positions only (sampling, chunked log-softmax) can skip the [B, T, V] product.
+        """
+        input_ids = jnp.asarray(input_ids, jnp.int32)
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")
+        b, t = input_ids.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), bool)
+        attention_mask = jnp.asarray(attention_mask).astype(bool)
+        if attention_mask.shape != (b, t):
+            raise ValueError(f"attention_mask shape {attention_mask.shape} != input_ids {(b, t)}")
+
+        if cache is None:
+            if positions is None:
+                positions = jnp.maximum(jnp.cumsum(attention_mask, axis=1, dtype=jnp.int32) - 1, 0)
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            mask = causal[None] & attention_mask[:, None, :]  # [B, T, S=T]
+            write_index = None
+        else:
+            if cache.lengths.shape[0] != b:
+                raise ValueError(f"cache has {cache.lengths.shape[0]} rows, input_ids has {b}")
+            if positions is None:
+                positions = _cache.cache_positions(cache.lengths, attention_mask)
+            own_slot, write_index, new_lengths = _cache.write_slots(
+                cache.lengths, attention_mask, cache.max_len
+            )
+            mask = _cache.cached_attention_mask(own_slot, cache.max_len)  # [B, T, S]
+        positions = jnp.asarray(positions, jnp.int32)
+        if positions.shape != (b, t):
+            raise ValueError(f"positions shape {positions.shape} != input_ids {(b, t)}")
+
+        run = nnx.remat(_run_layer) if self.remat else _run_layer
+        x = self.embed_tokens(input_ids)  # [B, T, D]
+        kv = None if cache is None else (cache.k, cache.v)
+        for i, layer in enumerate(self.layers):
+            cache_layer = None if kv is None else (kv[0], kv[1], i, write_index)
+            x, kv = run(layer, x, positions, mask, cache_layer)
+        x = self.norm(x)
+        if cache is None:
+            return x, None
+        return x, _cache.KVCache(k=kv[0], v=kv[1], lengths=new_lengths)
+
+    def logits_from_hidden(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
+        """LM head (tied or untied) in float32."""
+        if self.lm_head is None:
+            return self.embed_tokens.attend(hidden)
+        kernel = self.lm_head.kernel[...].astype(self.dtype)
+        return jnp.einsum(
+            "BTD,DV->BTV", hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32
+        )
+
+    def __call__(
+        self,
+        input_ids: Int[Array, "B T"],
+        *,
+        positions: Int[Array, "B T"] | None = None,
+        attention_mask: Bool[Array, "B T"] | None = None,
+        cache: _cache.KVCache | None = None,
+    ) -> Float[Array, "B T V"] | tuple[Float[Array, "B T V"], _cache.KVCache]:
+        """Next-token logits (float32).
+
+        Args:
+          input_ids: int32 [B, T].
+          positions: int32 [B, T] RoPE positions. Default without a cache: the index among the
+            row's real tokens (cumsum(attention_mask) - 1), so left padding gets positions 0..;
+            with a cache: continuing from the row's cached length.
+          attention_mask: bool [B, T], True = real token; padding is never attended to.
+            Combined with the causal mask. Default: all True.
+          cache: a KVCache (see `init_cache`); the real tokens are appended to their rows.
+
+        Returns:
+          logits [B, T, V] float32; with a cache, (logits, updated cache).
+        """
+        hidden, new_cache = self.hidden_states(
+            input_ids, positions=positions, attention_mask=attention_mask, cache=cache
+        )
+        logits = self.logits_from_hidden(hidden)
+        return logits if cache is None else (logits, new_cache)

@@ -1,0 +1,344 @@
+"""Embedded JAX engine: the Qwen3 KV-cache sampler with continuous batching.
+
+A fixed number of cache rows (`max_batch`) hold one request each. Every `step`:
+
+1. queued requests are admitted into free rows and prefilled (one jitted call per prompt-length
+   bucket; the other rows are padding and untouched, see `qwen3.KVCache`), which also samples
+   their first token;
+2. one decode call feeds every active row its last token and samples the next;
+3. rows whose request hit a stop token, `max_new_tokens` or the end of the row are freed and
+   their results returned — other rows keep decoding, and the next step refills the free rows.
+
+Determinism: token t of a request is drawn with `token_key(sequence_key(*key_ids), position)`
+(MODEL's sampling), and each row's arithmetic has the same shapes whatever the other rows hold
+(prefill [R, bucket(prompt)], decode [R, 1]), so a request gives the same tokens alone, mixed into
+any batch, or retried on a restarted engine. Compiles are bounded: one decode program, one
+prefill program per bucket, one score program per (rows, bucket).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.rollout import protocol, snapshots
+from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
+
+INITIAL_VERSION = -1
+_MIN_BUCKET = 16
+_SCORE_LOGIT_BUDGET = 1 << 26  # floats of [rows, T, V] logits one score call may hold
+
+
+def length_buckets(max_len: int, min_bucket: int = _MIN_BUCKET) -> tuple[int, ...]:
+    """Powers of two from `min_bucket`, capped by (and ending at) `max_len`."""
+    buckets, b = [], min(min_bucket, max_len)
+    while b < max_len:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, max_len)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"length {n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclasses.dataclass
+class _Row:
+    request: GenerateRequest
+    prompt_len: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+class EmbeddedEngine:
+    """Continuous-batching sampler over a Qwen3 model (implements the server's Backend).
+
+    Args:
+      model: the policy (its current weights are version `version`).
+      max_batch: cache rows R (requests decoded at once).
+      max_seq_len: tokens per row (prompt + generation).
+      version: policy version of the initial weights.
+      cache_dtype: dtype of the KV cache (default: the model's compute dtype).
+    """
+
+    def __init__(
+        self,
+        model: qwen3.Qwen3,
+        *,
+        max_batch: int = 8,
+        max_seq_len: int = 512,
+        version: int = INITIAL_VERSION,
+        cache_dtype: Any = None,
+    ):
+        if max_batch < 1 or max_seq_len < 2:
+            raise ValueError(f"need max_batch >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}")
+        self.cfg = model.cfg
+        self.limits = protocol.EngineLimits(self.cfg.vocab_size, max_seq_len)
+        self.version = int(version)
+        self.rows_n = max_batch
+        self.buckets = length_buckets(max_seq_len)
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._cache = qwen3.init_cache(self.cfg, max_batch, max_seq_len, cache_dtype or model.dtype)
+        self._rows: list[_Row | None] = [None] * max_batch
+        self._queue: collections.deque[GenerateRequest] = collections.deque()
+        probe = sampling.sequence_key(0, 0, 0, 0)
+        typed_keys = bool(jnp.issubdtype(probe.dtype, jax.dtypes.prng_key))
+        self._key_data = np.zeros((max_batch, *self._key_data_of(probe).shape), np.uint32)
+        self._temperature = np.ones(max_batch, np.float32)
+        self._top_p = np.ones(max_batch, np.float32)
+        self._last = np.zeros(max_batch, np.int32)
+        self._shapes_seen: set[tuple] = set()
+        self._steps = 0
+        self._tokens_out = 0
+        static = (self._graphdef, typed_keys)
+        self._prefill_fn = jax.jit(functools.partial(_prefill, *static), donate_argnums=2)
+        self._decode_fn = jax.jit(functools.partial(_decode, *static), donate_argnums=2)
+        self._score_fn = jax.jit(functools.partial(_score, self._graphdef))
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_args(cls, args: Any) -> EmbeddedEngine:
+        """Builds the engine from the server's command line (see server.build_arg_parser)."""
+        dtype, param_dtype = jnp.dtype(args.dtype), jnp.dtype(args.param_dtype)
+        if args.checkpoint:
+            model = qwen3.from_pretrained(args.checkpoint, dtype=dtype)
+        elif args.model_config:
+            cfg = qwen3.Qwen3Config.from_hf(json.loads(args.model_config))
+            model = qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(args.init_seed))
+        else:
+            raise ValueError("the embedded engine needs --checkpoint or --model-config")
+        return cls(model, max_batch=args.max_batch, max_seq_len=args.max_seq_len)
+
+    @staticmethod
+    def _key_data_of(key: jax.Array) -> np.ndarray:
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+            return np.asarray(jax.random.key_data(key))
+        return np.asarray(key)
+
+    def request_key(self, request: GenerateRequest) -> np.ndarray:
+        """Raw key data of a request: sequence_key(seed, step, prompt, member), then the turn."""
+        key = sampling.sequence_key(*request.key_ids)
+        if request.turn is not None:
+            key = jax.random.fold_in(key, request.turn)
+        return self._key_data_of(key)
+
+    # ------------------------------------------------------------------ Backend API
+
+    def submit(self, request: GenerateRequest) -> None:
+        protocol.validate_request(request, self.limits)
+        self._queue.append(request)
+
+    def cancel(self, request_id: str) -> bool:
+        for req in self._queue:
+            if req.request_id == request_id:
+                self._queue.remove(req)
+                return True
+        for r, row in enumerate(self._rows):
+            if row is not None and row.request.request_id == request_id:
+                self._rows[r] = None
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or any(row is not None for row in self._rows)
+
+    def step(self) -> list[GenerateResult]:
+        """Admits and prefills queued requests, decodes one token for every active row."""
+        finished: list[GenerateResult] = []
+        self._steps += 1
+        admitted = self._admit()
+        by_bucket: dict[int, list[int]] = collections.defaultdict(list)
+        for r in admitted:
+            by_bucket[bucket_for(self._rows[r].prompt_len, self.buckets)].append(r)
+        for bucket, rows in sorted(by_bucket.items()):
+            tokens, logprobs = self._prefill(bucket, rows)
+            for r in rows:
+                self._advance(r, int(tokens[r]), float(logprobs[r]), finished)
+        active = np.array([row is not None for row in self._rows])
+        if active.any():
+            self._note_shape(("decode",))
+            tokens, logprobs, self._cache = self._decode_fn(
+                self._params, self._rest, self._cache, self._last, active, *self._sampling_arrays()
+            )
+            tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+            for r in np.flatnonzero(active):
+                self._advance(int(r), int(tokens[r]), float(logprobs[r]), finished)
+        return finished
+
+    def fail_all(self, reason: str) -> list[GenerateResult]:
+        ids = [req.request_id for req in self._queue]
+        ids += [row.request.request_id for row in self._rows if row is not None]
+        self._queue.clear()
+        self._rows = [None] * self.rows_n
+        self._cache = qwen3.init_cache(
+            self.cfg, self.rows_n, self.limits.max_seq_len, self._cache.k.dtype
+        )
+        return [protocol.error_result(rid, reason, self.version) for rid in ids]
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Loads a published snapshot; structure, shapes and dtypes must match the model's."""
+        manifest = snapshots.read_manifest(path)
+        if manifest["kind"] == "lora_adapters":
+            raise snapshots.SnapshotError(
+                f"{path} holds LoRA adapters; the embedded engine loads full or merged weights "
+                "(publish with lora.publish='merged')"
+            )
+        host = snapshots.load(path, expected_version=version, like=self._params)
+        self._params = jax.device_put(host)
+        self.version = int(version)
+
+    def score(self, token_lists: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """log p(tokens[t] | tokens[:t]) for t >= 1 of each sequence, under the loaded weights."""
+        seqs = [np.asarray(t, dtype=np.int32).reshape(-1) for t in token_lists]
+        for i, s in enumerate(seqs):
+            if len(s) < 2 or len(s) > self.limits.max_seq_len:
+                raise protocol.RequestError(
+                    f"score: sequence {i} has {len(s)} tokens; need 2..{self.limits.max_seq_len}"
+                )
+            if s.min() < 0 or s.max() >= self.cfg.vocab_size:
+                raise protocol.RequestError(
+                    f"score: sequence {i} has token ids outside [0, {self.cfg.vocab_size})"
+                )
+        out: list[np.ndarray | None] = [None] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        while order:
+            bucket = bucket_for(len(seqs[order[0]]), self.buckets)
+            rows = max(1, min(self.rows_n, _SCORE_LOGIT_BUDGET // (bucket * self.cfg.vocab_size)))
+            rows = 1 << (rows.bit_length() - 1)  # powers of two keep the compile count bounded
+            take = [i for i in order if len(seqs[i]) <= bucket][:rows]
+            order = [i for i in order if i not in take]
+            tokens = np.zeros((rows, bucket), np.int32)
+            mask = np.zeros((rows, bucket), bool)
+            for j, i in enumerate(take):
+                tokens[j, : len(seqs[i])] = seqs[i]
+                mask[j, : len(seqs[i])] = True
+            self._note_shape(("score", rows, bucket))
+            lp = np.asarray(self._score_fn(self._params, self._rest, tokens, mask))
+            for j, i in enumerate(take):
+                out[i] = lp[j, : len(seqs[i]) - 1].copy()
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "active": sum(row is not None for row in self._rows),
+            "queued": len(self._queue),
+            "rows": self.rows_n,
+            "max_seq_len": self.limits.max_seq_len,
+            "steps": self._steps,
+            "tokens": self._tokens_out,
+            "compiles": len(self._shapes_seen),
+        }
+
+    # ------------------------------------------------------------------ internals
+
+    def _sampling_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._key_data, self._temperature, self._top_p
+
+    def _note_shape(self, shape: tuple) -> None:
+        self._shapes_seen.add(shape)
+
+    def _admit(self) -> list[int]:
+        admitted = []
+        for r in range(self.rows_n):
+            if not self._queue:
+                break
+            if self._rows[r] is None:
+                req = self._queue.popleft()
+                self._rows[r] = _Row(req, len(req.prompt_tokens))
+                self._key_data[r] = self.request_key(req)
+                self._temperature[r] = req.sampling.temperature
+                self._top_p[r] = req.sampling.top_p
+                admitted.append(r)
+        return admitted
+
+    def _prefill(self, bucket: int, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.zeros((self.rows_n, bucket), np.int32)
+        mask = np.zeros((self.rows_n, bucket), bool)
+        for r in rows:
+            prompt = self._rows[r].request.prompt_tokens
+            tokens[r, : len(prompt)] = prompt
+            mask[r, : len(prompt)] = True
+        reset = mask.any(axis=1)
+        self._note_shape(("prefill", bucket))
+        out_tokens, out_logprobs, self._cache = self._prefill_fn(
+            self._params, self._rest, self._cache, tokens, mask, reset, *self._sampling_arrays()
+        )
+        return np.asarray(out_tokens), np.asarray(out_logprobs)
+
+    def _advance(self, r: int, token: int, logprob: float, finished: list) -> None:
+        """Appends row r's new token; frees the row when its request is done."""
+        row = self._rows[r]
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        self._tokens_out += 1
+        sp = row.request.sampling
+        reason = None
+        if token in sp.stop_token_ids:
+            reason = protocol.FINISH_STOP
+        elif len(row.tokens) >= sp.max_new_tokens:
+            reason = protocol.FINISH_LENGTH
+        elif row.prompt_len + len(row.tokens) >= self.limits.max_seq_len:
+            reason = protocol.FINISH_LENGTH  # the row is full: the token cannot be fed back
+        if reason is None:
+            self._last[r] = token
+            return
+        finished.append(
+            GenerateResult(
+                row.request.request_id, row.tokens, row.logprobs, reason, self.version, None
+            )
+        )
+        self._rows[r] = None
+
+
+# ----------------------------------------------------------------------------- jitted programs
+
+
+def _sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
+    """Samples each row's next token from `hidden` [R, D]; its position is the row's length."""
+    logits = model.logits_from_hidden(hidden[:, None, :])[:, 0, :]  # [R, V]
+    seq_keys = jax.random.wrap_key_data(key_data) if typed_keys else key_data
+    keys = jax.vmap(sampling.token_key)(seq_keys, cache.lengths)
+    return sampling.sample_token(logits, keys, temperature, top_p)
+
+
+def _prefill(graphdef, typed_keys, params, rest, cache, tokens, mask, reset, key_data, temperature, top_p):
+    """Writes the prompts of the `reset` rows (other rows untouched) and samples their first token."""
+    model = nnx.merge(graphdef, params, rest)
+    cache = qwen3.reset_rows(cache, reset)
+    hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)  # [R, T, D]
+    last = jnp.maximum(mask.sum(axis=1) - 1, 0)  # prompts are right-padded
+    hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [R, D]
+    tokens_out, logprobs = _sample_at(model, typed_keys, hidden_last, cache, key_data, temperature, top_p)
+    return tokens_out, logprobs, cache
+
+
+def _decode(graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p):
+    """Feeds each active row its last sampled token and samples the next one."""
+    model = nnx.merge(graphdef, params, rest)
+    hidden, cache = model.hidden_states(
+        last_tokens[:, None], attention_mask=active[:, None], cache=cache
+    )  # [R, 1, D]
+    tokens_out, logprobs = _sample_at(model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p)
+    return tokens_out, logprobs, cache
+
+
+def _score(graphdef, params, rest, tokens, mask):
+    """[R, T-1] log p(tokens[:, t+1] | tokens[:, :t+1]), float32 (no cache)."""
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(tokens, attention_mask=mask)  # [R, T, V]
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]

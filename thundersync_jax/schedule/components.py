@@ -1,0 +1,105 @@
+"""Builds what the trainer wires together: tasks, the warm-started policy, engines, artifacts.
+
+Kept apart from the step loop so `trainer.py` reads as the algorithm and this
+file as the plumbing (which task family, which engine, where files go).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from thundersync_jax import metrics
+from thundersync_jax.envs import agent_demos, agent_loop, verify
+from thundersync_jax.envs.swe import instance as swe_instance
+from thundersync_jax.envs.swe import mini_swe
+from thundersync_jax.envs.swe.environment import SweEnvironment
+from thundersync_jax.learner import sft
+from thundersync_jax.models import qwen3
+
+log = logging.getLogger(__name__)
+
+
+def configure_logging(workdir: str) -> None:
+    """INFO to workdir/train.log and WARNING+ to stderr (the progress bar owns stdout)."""
+    root = logging.getLogger("thundersync_jax")
+    if any(getattr(h, "_tsj_workdir", None) == workdir for h in root.handlers):
+        return
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fh = logging.FileHandler(os.path.join(workdir, "train.log"))
+    fh.setFormatter(fmt)
+    fh._tsj_workdir = workdir  # type: ignore[attr-defined]
+    sh = logging.StreamHandler(sys.stderr)
+    sh.setLevel(logging.WARNING)
+    sh.setFormatter(fmt)
+    root.addHandler(fh)
+    root.addHandler(sh)
+    root.setLevel(logging.INFO)
+
+
+def build_tasks(config, workdir: str) -> list:
+    """The task pool of the run (SWE-bench-format instances)."""
+    env = config.env
+    if env.family == "mini_swe":
+        return mini_swe.generate(
+            int(env.num_tasks), int(config.seed), os.path.join(workdir, "tasks"), env.difficulty
+        )
+    if env.family == "swe_jsonl":
+        return swe_instance.load_jsonl(env.instances)
+    raise ValueError(f"env.family={env.family!r} is not a GRPO family here; use mini_swe|swe_jsonl")
+
+
+def _sandbox_config(config) -> dict:
+    return {
+        "timeout_s": float(config.env.sandbox_timeout_s),
+        "memory_mb": int(config.env.sandbox_memory_mb),
+    }
+
+
+def make_env(config, task, workdir: str) -> SweEnvironment:
+    return SweEnvironment(task, os.path.join(workdir, "episodes"), _sandbox_config(config))
+
+
+def env_factory(config, tasks: list, workdir: str, step: int):
+    """(group, member) -> Environment for `step`: group k of step n is task (n·K + k) mod |tasks|."""
+    k_per_step = int(config.rl.num_groups)
+
+    def make(group: int, member: int):
+        del member  # every member of a group gets the same prompt
+        return make_env(config, tasks[(step * k_per_step + group) % len(tasks)], workdir)
+
+    return make
+
+
+def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3:
+    """The initial policy: an HF checkpoint, or a tiny model trained on demonstrations."""
+    if config.sft.steps == 0:
+        if config.model.checkpoint:
+            return qwen3.from_pretrained(config.model.checkpoint)
+        from flax import nnx
+
+        return qwen3.Qwen3(qwen3.Qwen3Config.from_config_dict(config.model),
+                           rngs=nnx.Rngs(int(config.seed)))
+    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    examples = agent_demos.demonstration_examples(
+        [lambda t=t: make_env(config, t, workdir) for t in tasks], tok, limits
+    )
+    result = sft.train_sft_from_config(config, examples, workdir, name="student")
+    log.info("warm start: %s (cache hit: %s)", result.path, result.cache_hit)
+    return result.model
+
+
+def verifier_failure_count() -> int:
+    return int(sum(verify.failure_counts().values()))
+
+
+def save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Timeline) -> None:
+    """Arrival trace every step (for the benchmark); timeline picture + Chrome trace every N."""
+    metrics.export_arrivals(timeline, os.path.join(workdir, "traces", "arrivals.jsonl"), step)
+    every = int(config.metrics.timeline_every)
+    if every and step % every == 0:
+        out = os.path.join(workdir, "timelines")
+        os.makedirs(out, exist_ok=True)
+        metrics.plot_timeline(timeline, os.path.join(out, f"step{step:05d}.png"))
+        metrics.write_chrome_trace(timeline, os.path.join(out, f"step{step:05d}.trace.json"))

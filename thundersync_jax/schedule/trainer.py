@@ -1,0 +1,223 @@
+"""The GRPO trainer: rollouts in engine processes, streamed learner work, one step per batch.
+
+    trainer.train(config, workdir)
+
+Per step: every episode of the batch starts at once on the engines (policy
+version v); each finished trajectory enters the learner's queue; the planner
+(schedule sync | group | stream | async) decides when its score gradient runs;
+the accumulator folds it in; when the batch closes, one optimizer step, then
+the new weights are published (Orbax snapshot in shared memory) and every
+engine acknowledges version v+1 before the next batch starts. Checkpoints,
+metrics, timelines and arrival traces land in the workdir; rerunning the same
+command resumes from the newest whole checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+
+import jax
+import numpy as np
+from flax import nnx
+
+from thundersync_jax import accumulators, metrics
+from thundersync_jax.envs import agent_loop
+from thundersync_jax.learner import chunks
+from thundersync_jax.learner.checkpoint import Checkpointer
+from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
+from thundersync_jax.models import qwen3, tokenizer
+from thundersync_jax.schedule import components as setup
+from thundersync_jax.schedule import rollouts
+from thundersync_jax.schedule.config_check import check_config
+from thundersync_jax.schedule.grpo_learner import GrpoLearner
+from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.planner import Planner
+
+log = logging.getLogger(__name__)
+
+
+def _max_chunk_tokens(config) -> int:
+    # One chunk should fill the largest bucket's worth of rows, not more.
+    return int(config.rollout.max_traj_tokens) * max(1, int(config.rl.group_size))
+
+
+def _trim_metrics(workdir: str, first_step: int) -> None:
+    """Drops metric lines of steps that a resumed run will redo (no duplicates after a crash)."""
+    path = os.path.join(workdir, metrics.METRICS_FILE)
+    if not os.path.exists(path):
+        return
+    keep = [m for m in metrics.read_metrics(path) if int(m["step"]) < first_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for m in keep:
+            f.write(json.dumps(m) + "\n")
+    os.replace(tmp, path)
+
+
+def export_final(graphdef, params, workdir: str) -> str:
+    path = os.path.join(workdir, "final")
+    qwen3.save_pretrained(nnx.merge(graphdef, params), path)
+    return path
+
+
+def train(config, workdir: str) -> dict:
+    """Runs (or resumes) training; returns the last step's metrics."""
+    check_config(config)
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    setup.configure_logging(workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+
+    tok = tokenizer.load(config.tokenizer.path or config.tokenizer.kind)
+    tasks = setup.build_tasks(config, workdir)
+    model = setup.warm_start(config, tasks, tok, workdir)
+    graphdef, params = nnx.split(model, nnx.Param)
+    optimizer = make_optimizer(config.optim)
+    state = init_train_state(params, optimizer, int(config.seed))
+    ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
+    restored = ckpt.restore_latest(state)
+    if restored is not None:
+        state = restored
+        log.info("resumed from checkpoint at step %d", int(state.step))
+    first_step = int(state.step)
+    _trim_metrics(workdir, first_step)
+    if first_step >= config.num_steps:
+        path = export_final(graphdef, state.params, workdir)
+        log.info("nothing to train (step %d of %d); final policy at %s", first_step,
+                 config.num_steps, path)
+        ckpt.close()
+        return {}
+
+    rl = config.rl
+    acc = accumulators.grpo(
+        num_groups=rl.num_groups,
+        group_size=rl.group_size,
+        advantage=rl.advantage,
+        loss_agg=rl.loss_agg,
+        eps=rl.eps,
+        std_ddof=rl.std_ddof,
+        max_len=rl.max_len or config.rollout.max_traj_tokens,
+        max_open_groups=rl.max_open_groups or None,
+    )
+    score_fn = chunks.make_score_grad_fn(
+        graphdef, tuple(config.learner.seq_buckets), remat=bool(config.model.remat),
+        pad_id=tok.pad_id,
+    )
+    learner = GrpoLearner(acc, score_fn, tok.pad_id, enforce_version=config.schedule != "async")
+    apply_update = make_apply_update(optimizer)
+    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
+    progress = metrics.StepProgress(config.num_steps, desc=f"grpo/{config.schedule}",
+                                    initial=first_step)
+    fleet = setup.EngineFleet(config, workdir, tok)
+    last: dict = {}
+    try:
+        fleet.publish(state.params, first_step)
+        pending = None  # async: the next batch's rollouts, already running
+        for step in range(first_step, config.num_steps):
+            last = _train_step(
+                step, config, workdir, state, tasks, tok, fleet, learner, limits, pending
+            )
+            state, pending = last.pop("_state"), last.pop("_pending")
+            writer.write(step, last)
+            progress.update(last)
+            if config.checkpoint.every and (
+                (step + 1) % config.checkpoint.every == 0 or step + 1 == config.num_steps
+            ):
+                ckpt.save(state)
+        if pending is not None:
+            pending["thread"].join()
+        export_final(graphdef, state.params, workdir)
+    finally:
+        progress.close()
+        writer.close()
+        fleet.close()
+        ckpt.close()
+    return last
+
+
+def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits, pending):
+    """One batch: rollouts, streamed learner work, optimizer step, publication."""
+    rl = config.rl
+    version = int(state.step)
+    timeline = metrics.Timeline(schedule=config.schedule)
+
+    def launch(for_step: int, tl: metrics.Timeline):
+        q: queue.Queue = queue.Queue()
+        thread = rollouts.launch_batch(
+            step=for_step,
+            seed=int(config.seed),
+            group_size=rl.group_size,
+            num_groups=rl.num_groups,
+            make_env=setup.env_factory(config, tasks, workdir, for_step),
+            sampler=fleet.sampler,
+            tok=tok,
+            limits=limits,
+            out=q,
+            timeline=tl,
+            max_concurrency=int(config.rollout.max_batch),
+        )
+        return {"queue": q, "thread": thread, "timeline": tl}
+
+    if config.schedule == "async":
+        # Rollouts of step n+1 run on policy n while the learner trains step n.
+        current = pending if pending is not None else launch(step, timeline)
+        timeline = current["timeline"]
+        nxt = launch(step + 1, metrics.Timeline(schedule="async")) \
+            if step + 1 < config.num_steps else None
+    else:
+        current, nxt = launch(step, timeline), None
+
+    planner = Planner(
+        config.schedule, rl.num_groups, rl.group_size, _max_chunk_tokens(config),
+        rl.max_open_groups or None,
+    )
+    learner.begin(state.params, version)
+    stats = run_learner_batch(
+        planner,
+        current["queue"],
+        learner.process,
+        on_chunk=lambda c, s, e: timeline.record(
+            metrics.CHUNK, s, e, group=c[0].group, ids=[it.item_id for it in c],
+            tokens=sum(it.num_tokens for it in c),
+        ),
+        timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
+    )
+    current["thread"].join()
+    rewards = learner.rewards
+
+    with timeline.span(metrics.OPT):
+        grads = learner.finalize()
+        new_state, finite, grad_norm = apply_update(state, grads)
+        jax.block_until_ready(new_state.params)
+    if not bool(finite):
+        log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
+    with timeline.span(metrics.PUBLISH):
+        fleet.publish(new_state.params, int(new_state.step))
+
+    out = metrics.step_metrics(timeline)
+    out.update(
+        step=step,
+        max_policy_lag=int(learner.max_lag),
+        open_groups_peak=int(planner.open_groups_peak),
+        accum_bytes_peak=int(_tree_bytes(learner.state)),
+        reward_mean=float(np.mean(sorted(rewards))) if rewards else 0.0,
+        tokens=int(learner.tokens),
+        compiles=int(chunks.total_compiles()),
+        grad_norm=float(grad_norm),
+        update_skipped=not bool(finite),
+        rollout_failures=len(stats.failures),
+        verifier_failures=setup.verifier_failure_count(),
+    )
+    setup.save_step_artifacts(config, workdir, step, timeline)
+    out["_state"], out["_pending"] = new_state, nxt
+    return out
+
+
+def _tree_bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
+

@@ -1,0 +1,95 @@
+"""Learner cost model: what a chunk, the optimizer step and publication cost in seconds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Affine chunk cost on padded tokens, plus fixed per-step costs.
+
+    chunk_s(tokens) = fixed_s + per_token_s · padded(tokens). Padding rounds a
+    chunk's token count up to the smallest bucket that holds it; above the largest
+    bucket it rounds up to a multiple of the largest (the learner then runs several
+    full-bucket calls). With no buckets nothing is padded.
+
+    Attributes:
+      fixed_s: per-chunk overhead (dispatch, host-device transfer, accumulate).
+      per_token_s: seconds per padded token (forward + backward).
+      opt_s: the optimizer step at the end of the batch.
+      pub_s: publishing the new weights to the rollout side.
+      buckets: ascending padded token counts; () for no padding.
+    """
+
+    fixed_s: float
+    per_token_s: float
+    opt_s: float = 0.0
+    pub_s: float = 0.0
+    buckets: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("fixed_s", "per_token_s", "opt_s", "pub_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"CostModel.{name}={v} must be finite and >= 0")
+        b = tuple(int(x) for x in self.buckets)
+        if any(x < 1 for x in b) or list(b) != sorted(set(b)):
+            raise ValueError(
+                f"CostModel.buckets={self.buckets} must be strictly ascending and >= 1"
+            )
+        object.__setattr__(self, "buckets", b)
+
+    def padded(self, tokens: int) -> int:
+        """The token count the learner actually runs for a chunk of `tokens` tokens."""
+        if tokens < 0:
+            raise ValueError(f"tokens={tokens} must be >= 0")
+        if not self.buckets:
+            return int(tokens)
+        for b in self.buckets:
+            if tokens <= b:
+                return b
+        top = self.buckets[-1]
+        return -(-tokens // top) * top
+
+    def chunk_s(self, tokens: int) -> float:
+        """Seconds of learner work for one chunk of `tokens` (unpadded) tokens."""
+        return self.fixed_s + self.per_token_s * self.padded(tokens)
+
+    @classmethod
+    def fit(
+        cls,
+        samples: Iterable[Sequence[float]],
+        *,
+        opt_s: float = 0.0,
+        pub_s: float = 0.0,
+        buckets: Sequence[int] = (),
+    ) -> CostModel:
+        """Least-squares fit of fixed_s and per_token_s to (tokens, seconds) calibration pairs.
+
+        Token counts are padded with `buckets` before fitting (padding a bucket
+        value is a no-op, so passing already-padded counts is fine). Negative
+        estimates, possible with noisy timings, are clipped to 0.
+        """
+        pairs = np.asarray([tuple(s) for s in samples], dtype=np.float64)
+        if pairs.ndim != 2 or pairs.shape[1] != 2:
+            raise ValueError(f"samples must be (tokens, seconds) pairs; got shape {pairs.shape}")
+        probe = cls(0.0, 0.0, buckets=tuple(buckets))
+        x = np.asarray([probe.padded(int(t)) for t in pairs[:, 0]], dtype=np.float64)
+        if len(np.unique(x)) < 2:
+            raise ValueError(
+                f"fit needs samples at >= 2 distinct padded token counts; got {sorted(set(x))}"
+            )
+        design = np.stack([np.ones_like(x), x], axis=1)
+        (fixed, per_token), *_ = np.linalg.lstsq(design, pairs[:, 1], rcond=None)
+        return cls(
+            fixed_s=max(float(fixed), 0.0),
+            per_token_s=max(float(per_token), 0.0),
+            opt_s=opt_s,
+            pub_s=pub_s,
+            buckets=tuple(buckets),
+        )
