@@ -110,5 +110,7 @@ def get_base_config() -> ml_collections.ConfigDict:
     )
     c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
     c.metrics = ml_collections.ConfigDict(dict(timeline_every=5, tensorboard=True))
-    c.sft = ml_collections.ConfigDict(dict(steps=200, learning_rate=3e-3, batch_size=8))
+    c.sft = ml_collections.ConfigDict(
+        dict(steps=200, learning_rate=3e-3, batch_size=8, cache_dir="")  # "" = workdir
+    )
     return c

@@ -11,7 +11,7 @@ import pytest
 
 from thundersync_jax.envs.base import ToolCall
 from thundersync_jax.envs.swe import instance as instance_lib
-from thundersync_jax.envs.swe import verifier
+from thundersync_jax.envs.swe import repo, verifier
 from thundersync_jax.envs.swe.environment import SweEnvironment
 
 CORE_V1 = '''\
@@ -164,13 +164,20 @@ def test_load_resolves_paths_and_json_encoded_lists(jsonl):
 
 def test_gold_resolves_empty_and_test_tampering_do_not(jsonl, tmp_path):
     (inst,) = instance_lib.load_jsonl(jsonl)
+    # Skipping the host interpreter's pytest plugins (hypothesis, ...) saves ~2 s a run;
+    # the episode test below runs with them.
+    inst = dataclasses.replace(inst, env={**inst.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     # A "fix" that edits the judging test file instead of the code: the harness resets it.
     tamper = inst.test_patch.replace('== "v=w"', '!= "nope"')
     missing_id = dataclasses.replace(
         inst, pass_to_pass=inst.pass_to_pass + ("tests/test_core.py::test_not_there",)
     )
+    # Context that no longer matches exactly: git apply refuses, GNU patch --fuzz applies it.
+    fuzzy = inst.patch.replace(" def parse_pair(text):", " def parse_pair(txt):")
+    assert fuzzy != inst.patch
     jobs = {
         "gold": (inst, inst.patch),
+        "fuzzy": (inst, fuzzy),
         "empty": (inst, ""),
         "tamper": (inst, tamper),
         "partial": (dataclasses.replace(inst), ""),
@@ -187,6 +194,7 @@ def test_gold_resolves_empty_and_test_tampering_do_not(jsonl, tmp_path):
         res = dict(zip(jobs, pool.map(run, jobs), strict=True))
 
     assert res["gold"].reward == 1.0 and res["gold"].details["resolved"]
+    assert res["fuzzy"].reward == 1.0, res["fuzzy"]
     assert set(res["gold"].details["tests"].values()) == {"PASSED"}
     assert len(res["gold"].details["tests"]) == 7
     for name in ("empty", "tamper"):
@@ -220,3 +228,21 @@ def test_episode_with_patch_demonstration(jsonl, tmp_path):
         result = env.verify()
     assert result.reward == 1.0, result
     assert result.details["model_patch"] == inst.patch
+
+
+def test_mirror_clones_once_and_serves_checkouts(jsonl, tmp_path):
+    (inst,) = instance_lib.load_jsonl(jsonl)
+    (tmp_path / "remote" / "calc").mkdir(parents=True)
+    os.symlink(inst.repo_path, tmp_path / "remote" / "calc" / "calc")  # a local "GitHub"
+    template = str(tmp_path / "remote") + "/{repo}"
+    cache = str(tmp_path / "cache")
+    mirror = repo.mirror("calc/calc", cache, template)
+    assert mirror == os.path.join(cache, "calc__calc.git")
+    assert repo.mirror("calc/calc", cache, "unused://{repo}") == mirror  # cloned once
+    ws = repo.checkout(mirror, inst.base_commit, str(tmp_path / "ws"), str(tmp_path / "git"))
+    assert 'split("=")' in (tmp_path / "ws" / "src" / "calc" / "core.py").read_text()
+    assert ws.diff() == ""
+    with pytest.raises(repo.GitError, match="owner/name"):
+        repo.mirror("../etc", cache)
+    with pytest.raises(repo.GitError, match="is not a commit of"):
+        repo.checkout(mirror, "f" * 40, str(tmp_path / "ws2"), str(tmp_path / "git2"))

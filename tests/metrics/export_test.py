@@ -40,3 +40,15 @@ def test_export_needs_the_trace_fields():
     tl.record("rollout", 0.0, 1.0, group=0, member=0)
     with pytest.raises(ValueError, match="lacks"):
         metrics.arrivals_from_timeline(tl)
+
+
+def test_string_trajectory_ids_become_ranks_in_group_member_order():
+    tl = metrics.Timeline(start_s=10.0)
+    for k, m, end in [(1, 0, 12.0), (0, 1, 11.0), (0, 0, 13.0)]:
+        tl.record("rollout", 10.0, end, traj_id=f"g{k}m{m}", group=k, member=m, tokens=5, reward=0)
+    arrivals = metrics.arrivals_from_timeline(tl, step=4)
+    assert [(a.traj_id, a.group, a.member, a.arrival_s) for a in arrivals] == [
+        (0, 0, 0, 3.0),
+        (1, 0, 1, 1.0),
+        (2, 1, 0, 2.0),
+    ]

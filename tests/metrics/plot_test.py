@@ -35,3 +35,15 @@ def test_plot_of_a_timeline_without_publish(tmp_path):
     path = tmp_path / "partial.png"
     metrics.plot_timeline(tl, path, title="partial step")
     assert _png_size(path)[0] == 12 * 120
+
+
+def test_plot_of_chunks_without_a_reason(tmp_path):
+    # The orchestrator may record chunks with only group and ids.
+    tl = metrics.Timeline(start_s=0.0, schedule="stream")
+    tl.record("rollout", 0.0, 1.0, traj_id="g0m0", group=0, member=0, tokens=3, reward=1.0)
+    tl.record("chunk", 1.0, 2.0, group=0, ids=["g0m0"], tokens=3)
+    tl.record("opt", 2.0, 2.5)
+    tl.record("publish", 2.5, 3.0)
+    path = tmp_path / "no_reason.png"
+    metrics.plot_timeline(tl, path)
+    assert _png_size(path)[0] == 12 * 120

@@ -69,6 +69,19 @@ def test_a_killed_process_leaves_every_written_line_complete(tmp_path):
     ]
 
 
+def test_a_partial_last_line_is_ignored_and_dropped_on_reopen(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "a": 1}\n{"step": 1, "a": 2}\n{"step": 2, "a')
+    assert [r["step"] for r in metrics.read_metrics(path)] == [0, 1]
+    with metrics.MetricsWriter(tmp_path) as w:
+        w.write(2, {"a": 3})
+    assert path.read_text().splitlines() == [
+        '{"step": 0, "a": 1}',
+        '{"step": 1, "a": 2}',
+        '{"step": 2, "a": 3}',
+    ]
+
+
 def _read_scalars(path):
     """(tag, step, value) of every scalar in a TFRecord event file."""
     from tensorboardX.proto import event_pb2

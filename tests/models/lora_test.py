@@ -148,5 +148,7 @@ def test_optax_state_is_adapter_sized_and_step_leaves_base_alone(model_parts):
 
     new_adapters, _, _ = step(adapters, opt_state, params)
     assert jax.tree.structure(new_adapters) == jax.tree.structure(adapters)
-    moved = [float(jnp.abs(x - y).max()) for x, y in zip(*map(jax.tree.leaves, (new_adapters, adapters)))]
+    moved = [
+        float(jnp.abs(x - y).max()) for x, y in zip(*map(jax.tree.leaves, (new_adapters, adapters)))
+    ]
     assert max(moved) > 0

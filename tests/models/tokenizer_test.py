@@ -1,4 +1,4 @@
-"""Byte tokenizer round trips and special ids; HF directories load locally and match `tokenizers`."""
+"""Byte tokenizer round trips and special ids; HF tokenizer directories load locally."""
 
 import pytest
 from hypothesis import given, settings

@@ -16,8 +16,14 @@ def _tree(seed=0):
     return {
         "embed": rng.standard_normal((7, 5)).astype(np.float32),
         "layers": [
-            {"w": rng.standard_normal((5, 3)).astype(np.float32), "b": np.arange(3, dtype=np.int32)},
-            {"w": jnp.asarray(rng.standard_normal((5, 3)), jnp.bfloat16), "b": np.ones(3, np.int32)},
+            {
+                "w": rng.standard_normal((5, 3)).astype(np.float32),
+                "b": np.arange(3, dtype=np.int32),
+            },
+            {
+                "w": jnp.asarray(rng.standard_normal((5, 3)), jnp.bfloat16),
+                "b": np.ones(3, np.int32),
+            },
         ],
         "scale": np.float32(rng.standard_normal()),
     }

@@ -16,8 +16,25 @@ def test_ceiling_by_hand():
     cost = CostModel(fixed_s=1.0, per_token_s=0.01, opt_s=0.5, pub_s=0.25)
     c = sim.ceiling(trace, cost, max_chunk_tokens=1000)
     # R = 10; sync chunks 2 + 2 + 4 = 8 s; three slots → L_lb = 3·1 + 0.01·500 = 8.
-    # The last trajectory (100 tokens) needs ≥ 2 s after R: bound max(12, 8) + 0.75.
-    assert c == pytest.approx(sim.Ceiling(10.0, 8.0, 8.0, 18.75, 12.75, 18.75 / 12.75))
+    # Release bound, t + work of arrivals >= t: t=10: 10 + 2; t=3: 3 + 4 (one slot, 300
+    # tokens); t=2: 2 + 6; t=1: 1 + 8 → 12, plus O = 0.75.
+    assert c == pytest.approx(
+        sim.Ceiling(10.0, 8.0, 8.0, 18.75, 12.75, 18.75 / 12.75, 18.75 / 10.75)
+    )
+    assert sim.simulate(trace, "stream", cost, 1000).step_time_s == pytest.approx(12.75)
+
+
+def test_late_arrivals_tighten_the_bound():
+    # One trajectory at 0, three (separate groups) at 8, 9, 10; each costs 3 s. The
+    # learner can do at most the first before 8, so T >= 8 + 9 = 17 (not R + 3 = 13).
+    trace = [Arrival(0, 0, 0, 0.0, 100, 1.0)] + [
+        Arrival(i, i, 0, 7.0 + i, 100, 1.0) for i in (1, 2, 3)
+    ]
+    cost = CostModel(fixed_s=0.0, per_token_s=0.03)
+    c = sim.ceiling(trace, cost, max_chunk_tokens=1000)
+    assert c.lower_bound_s == pytest.approx(17.0)
+    assert sim.simulate(trace, "stream", cost, 1000).step_time_s == pytest.approx(17.0)
+    assert c.max_speedup == pytest.approx((10.0 + 12.0) / 17.0)
 
 
 @pytest.mark.parametrize("sigma", [0.3, 1.0, 1.8])

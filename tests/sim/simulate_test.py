@@ -21,7 +21,7 @@ COST_A = CostModel(fixed_s=1.0, per_token_s=0.01, opt_s=0.5, pub_s=0.25)
 
 def test_sync_starts_at_last_reward_and_packs_slots():
     r = sim.simulate(CASE_A, "sync", COST_A, max_chunk_tokens=1000)
-    # Slots in order of their oldest member: (g0, r=1) [0], (g0, r=0) [1], (g1, r=1) [2, 3].
+    # Fixed (group, traj_id) order: (g0, r=1) [0], (g0, r=0) [1], (g1, r=1) [2, 3] packed.
     assert r.chunks == [
         Chunk(10.0, 12.0, "batch", (0,)),
         Chunk(12.0, 14.0, "batch", (1,)),
@@ -152,7 +152,7 @@ def test_cap_of_one_still_finishes():
 def test_packing_respects_the_token_budget():
     trace = [Arrival(i, 0, i, 1.0, t, 1.0) for i, t in enumerate([40, 40, 40, 150, 60])]
     r = sim.simulate(trace, "sync", CostModel(0.0, 1.0), max_chunk_tokens=100)
-    # Arrival order 0..4: [40+40] then 40+150 > 100 → [40], [150] alone (over budget),
+    # traj_id order 0..4: [40+40] then 40+150 > 100 → [40], [150] alone (over budget),
     # then [60].
     assert [c.ids for c in r.chunks if c.kind == "batch"] == [(0, 1), (2,), (3,), (4,)]
     assert r.learner_work_s == pytest.approx(330.0)
@@ -223,3 +223,13 @@ def test_idle_fraction_of_sync_at_balance_is_about_half():
     r = sim.simulate(sim.balance(trace, cost, 1.0, 8192), "sync", cost, 8192)
     assert r.learner_idle_frac == pytest.approx(0.5)
     assert np.isclose(r.learner_work_s, r.rollout_span_s)
+
+
+def test_sync_runs_groups_in_fixed_order_not_arrival_order():
+    # Group 1 finishes first, but sync (and async) take groups in index order, so the
+    # synchronous update is bitwise reproducible.
+    trace = [Arrival(0, 1, 0, 1.0, 10, 1.0), Arrival(1, 0, 0, 2.0, 10, 1.0)]
+    r = sim.simulate(trace, "sync", UNIT, max_chunk_tokens=100)
+    assert [c.ids for c in r.chunks[:2]] == [(1,), (0,)]
+    r = sim.simulate(trace, "group", UNIT, max_chunk_tokens=100)
+    assert [c.ids for c in r.chunks[:2]] == [(0,), (1,)]  # FIFO by group completion

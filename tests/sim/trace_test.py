@@ -93,3 +93,15 @@ def test_bad_trace_records_are_named(tmp_path):
         sim.validate_trace([ok, ok._replace(traj_id=1)])
     with pytest.raises(ValueError, match="group_icc=1.5"):
         sim.lognormal_trace(2, 2, 1.0, 1.5, 1.0, 0)
+
+
+def test_a_rewritten_step_replaces_the_earlier_block(tmp_path):
+    # A resumed run re-exports step 1: the reader keeps the later block only.
+    path = tmp_path / "sub" / "trace.jsonl"  # parent directories are created
+    first = sim.lognormal_trace(2, 2, 0.5, 0.2, 10.0, seed=0, step=0)
+    stale = sim.lognormal_trace(2, 2, 0.5, 0.2, 10.0, seed=1, step=1)
+    redo = sim.lognormal_trace(2, 2, 0.5, 0.2, 10.0, seed=2, step=1)
+    for block in (first, stale, redo):
+        sim.write_trace(path, block, append=True)
+    assert sim.read_trace(path, step=1) == redo
+    assert sim.read_trace(path) == first + redo

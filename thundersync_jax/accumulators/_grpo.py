@@ -10,9 +10,11 @@ the optimizer step) to raise the recorded error with the same message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 from thundersync_jax.accumulators import _errors, _group_ops
@@ -51,6 +53,15 @@ class GroupAccumulator(NamedTuple):
     loss_weight: Callable
     check: Callable
     config: GroupConfig
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(cfg: GroupConfig):
+    """Jitted add, close and finalize for eager calls, shared by equal configurations."""
+    add = jax.jit(functools.partial(_group_ops.add, cfg), static_argnames="weighted")
+    close = jax.jit(functools.partial(_group_ops.close, cfg))
+    finalize = jax.jit(functools.partial(_group_ops.finalize, cfg))
+    return add, close, finalize
 
 
 def _open_groups(state: GroupState) -> list[int]:
@@ -156,10 +167,21 @@ def grpo(
 
     def _add(where, state, group, reward, grad, num_tokens, count, weighted):
         _errors.check_structure(where, state.total, grad)
-        new_state, code = _group_ops.add(
-            cfg, state, group, reward, grad, num_tokens, count, weighted
-        )
-        if not _errors.is_traced(group, reward, grad, num_tokens, count):
+        if _errors.is_traced(state, group, reward, grad, num_tokens, count):
+            new_state, _ = _group_ops.add(
+                cfg, state, group, reward, grad, num_tokens, count, weighted=weighted
+            )
+        else:
+            # Fixed dtypes, so a Python int reward does not compile a second version.
+            new_state, code = _compiled(cfg)[0](
+                state,
+                np.int32(group),
+                np.float32(reward),
+                grad,
+                np.int32(num_tokens),
+                np.int32(count),
+                weighted=weighted,
+            )
             code = int(code)
             dropped = cfg.on_invalid == "drop" and not code & ~_errors.DROPPABLE
             if code and not dropped:
@@ -176,16 +198,19 @@ def grpo(
 
     def close(state: GroupState, group) -> GroupState:
         """Closes a group that will get no more members (idempotent)."""
-        new_state, code = _group_ops.close(cfg, state, group)
-        if not _errors.is_traced(group) and int(code):
+        if _errors.is_traced(state, group):
+            return _group_ops.close(cfg, state, group)[0]
+        new_state, code = _compiled(cfg)[1](state, np.int32(group))
+        if int(code):
             raise ValueError(f"close: {_message(cfg, state, int(code), group, 0.0)}")
         return new_state
 
     def finalize(state: GroupState):
         """∇L = −(1/Z) Σ_i A_i w_i h_i, float32, shaped like params."""
-        if not _errors.is_traced(state):
-            check(cfg, state)
-        return _group_ops.finalize(cfg, state)
+        if _errors.is_traced(state):
+            return _group_ops.finalize(cfg, state)
+        check(cfg, state)
+        return _compiled(cfg)[2](state)
 
     def loss_weight(num_tokens):
         """w_i of this accumulator's loss_agg mode."""

@@ -249,7 +249,7 @@ class Transcript:
     def start(self, system: str | None, statement: str, tools: Sequence[ToolSpec]) -> None:
         """Appends the first prompt; the statement is truncated if it would leave no room."""
         overhead = len(self.tok.encode(self.fmt.prompt_text(system, "", tools)))
-        budget = self.limits.max_traj_tokens - overhead - self.limits.min_turn_tokens
+        budget = self.limits.max_traj_tokens - overhead - self.limits.min_turn_tokens - 1
         if budget < 0:
             raise ValueError(
                 f"max_traj_tokens={self.limits.max_traj_tokens} cannot hold the prompt scaffold "
@@ -280,16 +280,17 @@ class Transcript:
 
     def add_tool_results(self, observations: Sequence[str]) -> bool:
         """Appends the tool results turn and the next assistant header, truncating the
-        observations so `min_turn_tokens` stay free. Returns False (nothing appended) when
+        observations so the next turn keeps `min_turn_tokens`. Returns False (nothing appended) when
         even empty results would not fit."""
+        reserve = self.limits.min_turn_tokens + 1  # the next turn, plus its end-of-turn marker
         overhead = len(self.tok.encode(self.fmt.tool_results_text([""] * len(observations))))
-        budget = self.room - overhead - self.limits.min_turn_tokens
+        budget = self.room - overhead - reserve
         for _ in range(3):  # subword merges at the seams may cost a few extra tokens
             if budget < 0:
                 return False
             fitted = _fit_all(self.tok, observations, budget)
             ids = self.tok.encode(self.fmt.tool_results_text(fitted))
-            excess = len(ids) - (self.room - self.limits.min_turn_tokens)
+            excess = len(ids) - (self.room - reserve)
             if excess <= 0:
                 self.add_context(ids)
                 return True
@@ -389,9 +390,16 @@ def run_episode(
     def snapshot(stop_reason: str = "") -> Trajectory:
         tokens, mask, logprobs = transcript.arrays()
         return Trajectory(
-            ids, env.task_id, tokens, mask, logprobs, prompt_len, list(turns), stop_reason,
+            ids=ids,
+            task_id=env.task_id,
+            tokens=tokens,
+            loss_mask=mask,
+            logprobs=logprobs,
+            prompt_len=prompt_len,
+            turns=list(turns),
+            stop_reason=stop_reason,
             start_time=start_time,
-        )  # fmt: skip
+        )
 
     stop_reason = "max_turns"
     for j in range(limits.max_turns):
@@ -414,12 +422,20 @@ def run_episode(
         text = tok.decode(body)
         parsed = chat.parse_tool_calls(text, tools, limits.max_calls_per_turn)
         turn = Turn(
-            j, turn_start, list(sample.tokens), list(sample.logprobs), sample.finish_reason,
-            sample.policy_version, text, parsed.calls, sample_start, sample_end,
+            index=j,
+            start=turn_start,
+            tokens=list(sample.tokens),
+            logprobs=list(sample.logprobs),
+            finish_reason=sample.finish_reason,
+            policy_version=sample.policy_version,
+            text=text,
+            calls=parsed.calls,
+            sample_start=sample_start,
+            sample_end=sample_end,
             context_len=len(transcript.tokens) - turn_start - len(sample.tokens),
-        )  # fmt: skip
+        )
         turns.append(turn)
-        if on_turn is not None:
+        if on_turn is not None:  # the snapshot ends with this turn (and a closing marker)
             on_turn(snapshot(), turn)
 
         turn.tool_start = time.monotonic()

@@ -304,8 +304,8 @@ class ParsedTurn:
 
 def no_call_error(tools: Sequence[ToolSpec]) -> str:
     """The observation given when an assistant turn contains no tool call at all."""
-    names = ", ".join(t.name for t in tools)
-    return f"error: no tool call found. Call one tool as {_CALL_HINT}; tools: {names}"
+    # Short on purpose: it recurs in tiny-model contexts; the format is in the system turn.
+    return "error: no tool call found; tools: " + ", ".join(t.name for t in tools)
 
 
 def parse_tool_calls(

@@ -25,12 +25,14 @@ unless `allow_unisolated=True`; then commands run with rlimits only (and a warni
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
 import os
 import resource
+import select
 import selectors
 import shutil
 import signal
@@ -66,6 +68,10 @@ _ETC_ENTRIES = (
     "services",
     "ssl",
 )
+_SYSTEM_DIRS = frozenset(
+    ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root"]
+    + ["/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var"]
+)
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Python thread pools size themselves by core count; on a large node that alone would
@@ -98,7 +104,7 @@ class RunResult:
 
     Attributes:
       exit_code: the command's exit status; 128+N when a signal N ended it inside the
-        box, negative when the host killed the box (timeout).
+        box. After a timeout it is whatever the killed box reported: read `timed_out`.
       stdout, stderr: captured output, decoded as UTF-8 (invalid bytes replaced), each
         at most `max_output_bytes` long.
       timed_out: the wall-clock timeout fired and the box was killed.
@@ -183,7 +189,7 @@ class Sandbox:
       max_file_mb: RLIMIT_FSIZE, the largest file a process may write.
       tmp_mb: size of each tmpfs (/tmp, /dev/shm); these live in memory.
       max_output_bytes: cap on captured stdout and on stderr; the rest is discarded.
-      cpu_s: RLIMIT_CPU per process; default max(timeout_s, 1) rounded up.
+      cpu_s: RLIMIT_CPU per process; default: the run's timeout rounded up (at least 1).
       env: extra environment variables (the host environment is never passed through).
       uid: sandbox uid when the host side is root; default one from a pool.
     """
@@ -227,7 +233,9 @@ class Sandbox:
         self.max_file_mb = int(max_file_mb)
         self.tmp_mb = int(tmp_mb)
         self.max_output_bytes = int(max_output_bytes)
-        self.cpu_s = int(cpu_s) if cpu_s is not None else max(1, math.ceil(self.timeout_s))
+        if cpu_s is not None and not cpu_s > 0:
+            raise ValueError(f"cpu_s must be positive, got {cpu_s!r}")
+        self.cpu_s = None if cpu_s is None else int(cpu_s)
         self._ro_binds = [(b, b) if isinstance(b, str) else tuple(b) for b in ro_binds]
         path = _SYSTEM_PATH
         if python is not None:
@@ -238,6 +246,14 @@ class Sandbox:
                 raise ValueError(f"ro_binds entry {host!r} does not exist on the host")
             if not os.path.isabs(box):
                 raise ValueError(f"ro_binds target {box!r} must be an absolute path")
+        # The root is handed to the box (and chowned to its uid when we are root): it must
+        # not be a system directory, a home, or hold anything the box should only read.
+        guarded = [h for h, _ in self._ro_binds] + [os.path.expanduser("~")]
+        if self.root in _SYSTEM_DIRS or any(_is_under(g, self.root) for g in guarded):
+            raise ValueError(
+                f"sandbox root {self.root!r} is a system directory or contains a home or a "
+                "read-only bind (e.g. the interpreter); use a dedicated task directory"
+            )
         self._is_root = os.geteuid() == 0
         self.uid = (uid if uid is not None else _allocate_uid()) if self._is_root else os.getuid()
         self._env = {
@@ -289,6 +305,7 @@ class Sandbox:
 
     def close(self) -> None:
         """Removes the box's private host files. Safe to call twice."""
+        self.isolated = None
         if self._etc_dir is not None:
             shutil.rmtree(self._etc_dir, ignore_errors=True)
             self._etc_dir = None
@@ -301,7 +318,9 @@ class Sandbox:
         command does.
         """
         if self.isolated is None:
-            raise RuntimeError("use the Sandbox as a context manager: `with Sandbox(...) as sb:`")
+            raise RuntimeError(
+                "the sandbox is not open: use `with Sandbox(...) as sb: sb.run(...)`"
+            )
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if not timeout > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
@@ -317,9 +336,10 @@ class Sandbox:
         info_r, info_w = os.pipe()  # bwrap reports the box's pid 1 here (--info-fd)
         if self.isolated:
             bwrap = self._bwrap_argv(info_fd=info_w)
-            popen_kw: dict = {"args": bwrap + self._drop_and_limit_argv() + argv}
+            popen_kw: dict = {"args": bwrap + self._drop_and_limit_argv(timeout) + argv}
         else:
-            popen_kw = {"args": argv, "cwd": self.root, "preexec_fn": self._set_rlimits}
+            limits = self._limits(timeout)
+            popen_kw = {"args": argv, "cwd": self.root, "preexec_fn": lambda: _set_rlimits(limits)}
             if self._is_root:
                 popen_kw.update(user=self.uid, group=self.uid, extra_groups=[])
         try:
@@ -330,14 +350,16 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 env=self._env,
                 start_new_session=True,  # its own process group: killpg reaches the whole tree
-                pass_fds=(info_w,),
+                pass_fds=(info_w,) if self.isolated else (),
                 umask=0o022,  # bwrap creates mount points with it; the box user must traverse
             )
         finally:
             os.close(info_w)
-        with os.fdopen(info_r, "rb") as info:
-            box = _Box(proc, info)
+        try:
+            box = _Box(proc, info_r)
             timed_out = box.collect(start + timeout, self.max_output_bytes)
+        finally:
+            os.close(info_r)
         return RunResult(
             exit_code=proc.returncode,
             stdout=box.out.text(),
@@ -349,14 +371,11 @@ class Sandbox:
             isolated=bool(self.isolated),
         )
 
-    def _set_rlimits(self) -> None:  # unisolated mode only: runs in the forked child
-        for res, value in self._limits():
-            resource.setrlimit(res, (value, value))
-
-    def _limits(self) -> list[tuple[int, int]]:
+    def _limits(self, timeout: float) -> list[tuple[int, int]]:
+        cpu_s = self.cpu_s if self.cpu_s is not None else max(1, math.ceil(timeout))
         return [
             (resource.RLIMIT_AS, self.memory_mb << 20),
-            (resource.RLIMIT_CPU, self.cpu_s),
+            (resource.RLIMIT_CPU, cpu_s),
             (resource.RLIMIT_NPROC, self.max_processes),
             (resource.RLIMIT_FSIZE, self.max_file_mb << 20),
             (resource.RLIMIT_NOFILE, 1024),
@@ -365,7 +384,7 @@ class Sandbox:
 
     # -- bubblewrap command line ------------------------------------------------------
 
-    def _drop_and_limit_argv(self) -> list[str]:
+    def _drop_and_limit_argv(self, timeout: float) -> list[str]:
         """setpriv (root only: become the sandbox uid) then prlimit, inside the box."""
         names = {
             resource.RLIMIT_AS: "--as",
@@ -375,7 +394,7 @@ class Sandbox:
             resource.RLIMIT_NOFILE: "--nofile",
             resource.RLIMIT_CORE: "--core",
         }
-        limits = [f"{names[res]}={value}" for res, value in self._limits()]
+        limits = [f"{names[res]}={value}" for res, value in self._limits(timeout)]
         drop = []
         if self._is_root:
             drop = [
@@ -458,7 +477,7 @@ class Sandbox:
         for tool in ("prlimit",) + (("setpriv",) if self._is_root else ()):
             if shutil.which(tool, path=_SYSTEM_PATH) is None:
                 return f"{tool} (util-linux) is not installed"
-        argv = self._bwrap_argv() + self._drop_and_limit_argv() + ["/bin/sh", "-c", "exit 0"]
+        argv = self._bwrap_argv() + self._drop_and_limit_argv(self.timeout_s) + ["/bin/true"]
         try:
             probe = subprocess.run(
                 argv, capture_output=True, text=True, timeout=30, env=self._env, umask=0o022
@@ -490,18 +509,21 @@ class _CappedBuffer:
 
 
 class _Box:
-    """One running box: drains its pipes with a cap and kills it at the deadline.
+    """One running box: capped pipe draining, the deadline kill, and the final teardown wait.
 
-    Killing the box's pid 1 (whose host pid bwrap reports on --info-fd) makes the kernel
-    kill everything in its pid namespace, and bwrap exits only after reaping that pid 1,
-    i.e. after the namespace is empty: once `proc.wait()` returns, nothing is left.
+    bwrap reports the host pid of the box's pid 1 on --info-fd; we hold a pidfd on it.
+    When pid 1 dies the kernel kills everything else in the namespace before pid 1
+    counts as exited, so a readable pidfd means no process of the box is left. (bwrap
+    itself may exit a moment earlier: it relays the command's status without waiting.)
     """
 
-    def __init__(self, proc: subprocess.Popen, info):
+    def __init__(self, proc: subprocess.Popen, info_fd: int):
         self.proc = proc
-        self.info = info
+        self.info_fd = info_fd
         self.out = _CappedBuffer(0)
         self.err = _CappedBuffer(0)
+        self._pid1: int | None = None
+        self._pidfd: int | None = None
 
     def collect(self, deadline: float, cap: int) -> bool:
         """Reads both pipes until EOF, keeping `cap` bytes each; returns whether it timed out.
@@ -513,7 +535,7 @@ class _Box:
         self.out, self.err = _CappedBuffer(cap), _CappedBuffer(cap)
         info = _CappedBuffer(1 << 16)
         bufs = {proc.stdout.fileno(): self.out, proc.stderr.fileno(): self.err}
-        bufs[self.info.fileno()] = info
+        bufs[self.info_fd] = info
         sel = selectors.DefaultSelector()
         for fd in bufs:
             os.set_blocking(fd, False)
@@ -530,7 +552,7 @@ class _Box:
                     _kill_group(proc.pid)
                 elif ended_at is None and now >= deadline:
                     timed_out, ended_at = True, now
-                    self._kill(info)
+                    self._kill()
                 if ended_at is not None and now > ended_at + _DRAIN_GRACE_S:
                     break
                 wait = (deadline if ended_at is None else ended_at + _DRAIN_GRACE_S) - now
@@ -543,6 +565,8 @@ class _Box:
                         bufs[key.fd].add(chunk)
                     else:
                         sel.unregister(key.fd)
+                        if key.fd == self.info_fd:
+                            self._watch_pid1(info.data)
         finally:
             sel.close()
             proc.stdout.close()
@@ -550,21 +574,62 @@ class _Box:
         try:
             proc.wait(timeout=_DRAIN_GRACE_S)
         except subprocess.TimeoutExpired:
-            self._kill(info)
+            self._kill()
             proc.wait()
+        self._wait_until_empty()
         return timed_out
 
-    def _kill(self, info: _CappedBuffer) -> None:
+    def _watch_pid1(self, info: bytes) -> None:
+        """Opens a pidfd on the box's pid 1 from bwrap's info JSON (absent when unisolated)."""
         try:
-            pid1 = int(json.loads(info.data)["child-pid"])
+            self._pid1 = int(json.loads(info)["child-pid"])
         except (ValueError, KeyError, TypeError):
-            pid1 = None  # unisolated, or bwrap had not reported yet
-        if pid1 is not None:
-            try:
-                os.kill(pid1, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            return
+        try:
+            self._pidfd = os.pidfd_open(self._pid1)
+        except ProcessLookupError:
+            self._pid1 = None  # already gone, namespace included
+        except (OSError, AttributeError):
+            pass  # no pidfd support (kernel < 5.3): fall back to polling /proc
+
+    def _kill(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        elif self._pid1 is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self._pid1, signal.SIGKILL)
         _kill_group(self.proc.pid)
+
+    def _wait_until_empty(self) -> None:
+        if self._pidfd is not None:
+            try:
+                for _ in range(2):  # a second time after SIGKILL, should it hang
+                    if select.select([self._pidfd], [], [], _DRAIN_GRACE_S)[0]:
+                        return
+                    self._kill()
+            finally:
+                os.close(self._pidfd)
+                self._pidfd = None
+        elif self._pid1 is not None:
+            stop = time.monotonic() + 2 * _DRAIN_GRACE_S
+            while _alive(self._pid1) and time.monotonic() < stop:
+                time.sleep(0.005)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _set_rlimits(limits: list[tuple[int, int]]) -> None:
+    """Unisolated mode only: runs in the forked child before exec."""
+    for res, value in limits:
+        resource.setrlimit(res, (value, value))
 
 
 def _kill_group(pgid: int) -> None:

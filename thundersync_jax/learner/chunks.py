@@ -84,7 +84,9 @@ class ScoreGradFn:
         model = nnx.merge(self.graphdef, full)
         if self.remat:
             if not hasattr(model, "remat"):
-                raise ValueError(f"{type(model).__name__} has no `remat` switch for per-layer remat")
+                raise ValueError(
+                    f"{type(model).__name__} has no `remat` switch for per-layer remat"
+                )
             model.remat = True  # the model wraps each decoder layer in nnx.remat
         return model
 

@@ -30,6 +30,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from thundersync_jax import losses
 from thundersync_jax.models import qwen3
 
 LOG_FILE = "sft_log.json"
@@ -93,8 +94,7 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> ja
 
     logits: [B, L-1, V] from tokens[:, :-1]; tokens, mask: [B, L].
     """
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    target_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, L-1]
+    target_logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, L-1]
     m = mask[:, 1:].astype(jnp.float32)
     return -(target_logp * m).sum() / jnp.maximum(m.sum(), 1.0)
 
@@ -126,10 +126,14 @@ def train_sft(
       name: cache entry prefix, e.g. "student" or "teacher".
       progress: show a tqdm bar.
     """
-    hparams = dict(
-        steps=steps, learning_rate=learning_rate, batch_size=batch_size, seed=seed,
-        weight_decay=weight_decay, init_from=os.path.abspath(init_from) if init_from else "",
-    )  # fmt: skip
+    hparams = {
+        "steps": steps,
+        "learning_rate": learning_rate,
+        "batch_size": batch_size,
+        "seed": seed,
+        "weight_decay": weight_decay,
+        "init_from": os.path.abspath(init_from) if init_from else "",
+    }
     path = os.path.join(workdir, "sft", f"{name}-{cache_key(cfg, examples, hparams)[:16]}")
     log_path = os.path.join(path, LOG_FILE)
     if os.path.exists(log_path):

@@ -12,16 +12,25 @@ _ROLLOUT_ATTRS = ("traj_id", "group", "member", "tokens", "reward")
 
 
 def arrivals_from_timeline(tl: Timeline, step: int = 0) -> list[Arrival]:
-    """The step's arrivals (reward-known times relative to batch start) from its rollout events."""
-    out = []
-    for e in tl.events(ROLLOUT):
+    """The step's arrivals (reward-known times relative to batch start) from its rollout events.
+
+    Rollout events need attrs traj_id, group, member, tokens and reward. An
+    integer traj_id is kept; any other id (e.g. "g3m1") is replaced by the
+    trajectory's rank in (group, member) order, the order the simulator's sync
+    schedule packs in.
+    """
+    events = sorted(tl.events(ROLLOUT), key=lambda e: (e.attrs.get("group"), e.attrs.get("member")))
+    for e in events:
         missing = [k for k in _ROLLOUT_ATTRS if k not in e.attrs]
         if missing:
             raise ValueError(f"rollout event {e.attrs} lacks {missing}: cannot export an arrival")
+    keep_ids = all(isinstance(e.attrs["traj_id"], int) for e in events)
+    out = []
+    for rank, e in enumerate(events):
         a = e.attrs
         out.append(
             Arrival(
-                traj_id=int(a["traj_id"]),
+                traj_id=int(a["traj_id"]) if keep_ids else rank,
                 group=int(a["group"]),
                 member=int(a["member"]),
                 arrival_s=e.end - tl.start_s,

@@ -14,6 +14,7 @@ LEARNER_COLORS = {
     "closed": "#009E73",
     "differing": "#E69F00",
     "open": "#56B4E9",
+    T.CHUNK: "#0072B2",  # a chunk recorded without a `reason`
     T.OPT: "#000000",
     T.PUBLISH: "#D55E00",
 }

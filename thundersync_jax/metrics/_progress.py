@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain bars: tqdm.auto needs ipywidgets inside notebooks
 
 
 class StepProgress:

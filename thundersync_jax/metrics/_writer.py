@@ -29,12 +29,43 @@ def _json_value(key: str, value: Any) -> Any:
     raise TypeError(f"metric {key!r}: {type(value).__name__} is not a JSON-able scalar")
 
 
+def _drop_partial_tail(path: str) -> int:
+    """Truncates a last line without its newline (a crash mid-write); returns bytes dropped."""
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # Scan back for the last complete line; metric lines are short, so read in blocks.
+        pos = size
+        while pos > 0:
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            pos = start
+        else:
+            keep = 0
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
 class MetricsWriter:
     """Appends one JSON object per step to `workdir/metrics.jsonl`.
 
     Each line is written with one write call, then flushed and fsynced, so a
-    crash loses at most the step being written and never leaves earlier lines
-    partial. Non-finite floats are stored as null (strict JSON). With
+    crash loses at most the step being written and never damages earlier lines;
+    a partial last line left by a crash is dropped when the file is reopened.
+    Non-finite floats are stored as null (strict JSON). With
     `tensorboard=True` every numeric metric is also a TensorBoard scalar under
     `workdir/tensorboard` (tensorboardX).
     """
@@ -42,6 +73,7 @@ class MetricsWriter:
     def __init__(self, workdir: str | os.PathLike, tensorboard: bool = False):
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, METRICS_FILE)
+        _drop_partial_tail(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
@@ -83,8 +115,11 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Reads metrics.jsonl (or a workdir holding one) into a list of dicts, in order."""
+    """Reads metrics.jsonl (or a workdir holding one) into a list of dicts, in order.
+
+    A last line without its newline (a crash mid-write) is ignored.
+    """
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]

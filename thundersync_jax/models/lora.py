@@ -226,7 +226,9 @@ def _add_deltas(params: Any, adapters: Adapters, sign: float) -> Any:
             raise ValueError(f"{path}: param shape {w.shape} != adapter layout {layouts[path]}")
         return (w.astype(jnp.float32) + sign * delta(adapters, path)).astype(w.dtype)
 
-    missing = set(layouts) - {path_name(kp) for kp, _ in jax.tree_util.tree_leaves_with_path(params)}
+    missing = set(layouts) - {
+        path_name(kp) for kp, _ in jax.tree_util.tree_leaves_with_path(params)
+    }
     if missing:
         raise ValueError(f"adapters target params not in this tree: {sorted(missing)[:4]}")
     return jax.tree_util.tree_map_with_path(update, params)

@@ -92,7 +92,9 @@ class EngineClient:
             timed_out = sorted(waiting)
             self.cancel(timed_out)
             for rid in timed_out:
-                yield protocol.error_result(rid, f"timed out after {timeout_s or self.timeout_s}s", -1)
+                yield protocol.error_result(
+                    rid, f"timed out after {timeout_s or self.timeout_s}s", -1
+                )
 
     def cancel(self, request_ids: Sequence[str]) -> None:
         """Drops the requests locally and asks the server to free their rows."""
@@ -109,7 +111,7 @@ class EngineClient:
     # ------------------------------------------------------------------ calls
 
     def call_async(self, op: str, **fields: Any) -> concurrent.futures.Future:
-        """Sends a call (load_weights, score, health, shutdown); the future holds the reply value."""
+        """Sends a call (load_weights, score, health, shutdown); the future gets the reply."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         call_id = next(self._call_ids)
         with self._lock:

@@ -84,7 +84,9 @@ class EmbeddedEngine:
         cache_dtype: Any = None,
     ):
         if max_batch < 1 or max_seq_len < 2:
-            raise ValueError(f"need max_batch >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}")
+            raise ValueError(
+                f"need max_batch >= 1 and max_seq_len >= 2, got {max_batch}, {max_seq_len}"
+            )
         self.cfg = model.cfg
         self.limits = protocol.EngineLimits(self.cfg.vocab_size, max_seq_len)
         self.version = int(version)
@@ -118,7 +120,9 @@ class EmbeddedEngine:
             model = qwen3.from_pretrained(args.checkpoint, dtype=dtype)
         elif args.model_config:
             cfg = qwen3.Qwen3Config.from_hf(json.loads(args.model_config))
-            model = qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(args.init_seed))
+            model = qwen3.Qwen3(
+                cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(args.init_seed)
+            )
         else:
             raise ValueError("the embedded engine needs --checkpoint or --model-config")
         return cls(model, max_batch=args.max_batch, max_seq_len=args.max_seq_len)
@@ -315,24 +319,32 @@ def _sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
     return sampling.sample_token(logits, keys, temperature, top_p)
 
 
-def _prefill(graphdef, typed_keys, params, rest, cache, tokens, mask, reset, key_data, temperature, top_p):
-    """Writes the prompts of the `reset` rows (other rows untouched) and samples their first token."""
+def _prefill(
+    graphdef, typed_keys, params, rest, cache, tokens, mask, reset, key_data, temperature, top_p
+):
+    """Writes the prompts of the `reset` rows (others untouched), samples their first token."""
     model = nnx.merge(graphdef, params, rest)
     cache = qwen3.reset_rows(cache, reset)
     hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)  # [R, T, D]
     last = jnp.maximum(mask.sum(axis=1) - 1, 0)  # prompts are right-padded
     hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [R, D]
-    tokens_out, logprobs = _sample_at(model, typed_keys, hidden_last, cache, key_data, temperature, top_p)
+    tokens_out, logprobs = _sample_at(
+        model, typed_keys, hidden_last, cache, key_data, temperature, top_p
+    )
     return tokens_out, logprobs, cache
 
 
-def _decode(graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p):
+def _decode(
+    graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p
+):
     """Feeds each active row its last sampled token and samples the next one."""
     model = nnx.merge(graphdef, params, rest)
     hidden, cache = model.hidden_states(
         last_tokens[:, None], attention_mask=active[:, None], cache=cache
     )  # [R, 1, D]
-    tokens_out, logprobs = _sample_at(model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p)
+    tokens_out, logprobs = _sample_at(
+        model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p
+    )
     return tokens_out, logprobs, cache
 
 

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from thundersync_jax.rollout import protocol, snapshots
+from thundersync_jax.rollout import protocol
 from thundersync_jax.rollout.client import EngineClient, ResultCallback
 from thundersync_jax.rollout.protocol import EngineError, GenerateRequest, GenerateResult
 
@@ -211,6 +211,8 @@ class EngineManager:
 
     def publish(self, params: Any, version: int, root: str, **publish_kwargs: Any) -> str:
         """Writes snapshot `version` (see snapshots.publish) and waits for every engine's ack."""
+        from thundersync_jax.rollout import snapshots  # JAX-side; the manager itself needs no JAX
+
         path = snapshots.publish(params, version, root, **publish_kwargs)
         self.load_weights(path, version)
         return path

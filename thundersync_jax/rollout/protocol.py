@@ -2,12 +2,12 @@
 
 Operations a client sends (each a msgpack map with an ``op`` field, see `wire`):
 
-    generate      {"requests": [request...]}        -> one "result" message per request, as each finishes
-    cancel        {"request_ids": [...]}            -> the named requests finish with an error result
-    load_weights  {"call_id", "path", "version"}    -> reply {"version"} once the snapshot is loaded
-    score         {"call_id", "tokens": [array...]} -> reply {"logprobs": [array...]}
-    health        {"call_id"}                       -> reply {"version", "active", "queued", "pid", ...}
-    shutdown      {"call_id"}                       -> reply {}, then the server exits
+    generate      {"requests": [request...]}     -> one "result" per request, as each finishes
+    cancel        {"request_ids": [...]}         -> those requests end with an error result
+    load_weights  {"call_id", "path", "version"} -> reply {"version"} once loaded
+    score         {"call_id", "tokens": [...]}   -> reply {"logprobs": [array...]}
+    health        {"call_id"}                    -> reply {"version", "active", "queued", ...}
+    shutdown      {"call_id"}                    -> reply {}, then the server exits
 
 A reply is {"op": "reply", "call_id", "ok": bool, "value": ..., "error": str | None}; a result is
 {"op": "result", "result": {...}}. A bad request never takes the server down: it comes back as a
@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from thundersync_jax.models.sampling import SamplingParams
+if TYPE_CHECKING:  # imported lazily: the transport side must not pull in JAX
+    from thundersync_jax.models.sampling import SamplingParams
 
 OP_GENERATE = "generate"
 OP_CANCEL = "cancel"
@@ -125,6 +126,8 @@ def sampling_to_wire(sp: SamplingParams) -> dict[str, Any]:
 
 
 def sampling_from_wire(d: Any) -> SamplingParams:
+    from thundersync_jax.models.sampling import SamplingParams
+
     if not isinstance(d, dict) or set(d) != set(_SAMPLING_FIELDS):
         raise RequestError(f"sampling must be a map with fields {_SAMPLING_FIELDS}, got {d!r}")
     return SamplingParams(

@@ -3,10 +3,11 @@
     python -m thundersync_jax.rollout.server --address ipc:///tmp/e0.sock \\
         --model-config '{"vocab_size": 384, ...}' --init-seed 0 --max-batch 8 --max-seq-len 256
 
-One thread runs everything: it drains incoming messages, advances the backend by one step
-(prefill of newly admitted requests, then one decode token for every active row), and sends each
-result as soon as its request finishes. JAX is imported only in `main`, after the process
-started, so a parent never shares JAX state with an engine.
+The engine thread drains incoming messages, advances the backend by one step (prefill of newly
+admitted requests, then one decode token for every active row), and sends each result as soon
+as its request finishes; an I/O thread owns the socket and answers health checks directly. JAX
+(or vLLM) is first imported by `build_backend`, inside the server process, so a parent never
+shares JAX state with an engine.
 
 Weight loads are barriers in arrival order: requests received before a `load_weights` finish on
 the old weights, requests received after it wait and run on the new ones, so every result has
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -50,7 +53,12 @@ class Backend(Protocol):
 
 
 class RolloutServer:
-    """Serves one backend on `address` until a shutdown message (or the parent process dies)."""
+    """Serves one backend on `address` until a shutdown message (or the parent process dies).
+
+    Two threads: an I/O thread owns the ROUTER socket and answers `health` itself from the
+    latest status, so a heartbeat is answered even while the engine thread is inside a long
+    XLA compile; the engine thread (the caller of `serve_forever`) handles everything else.
+    """
 
     def __init__(self, backend: Backend, address: str, *, parent_pid: int | None = None):
         self.backend = backend
@@ -60,38 +68,107 @@ class RolloutServer:
         self._held: list[GenerateRequest] = []  # arrived after a pending load_weights
         self._loads: list[tuple[bytes, Any, str, int]] = []
         self._running = True
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, message) for the engine
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, frame) to send
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._status: dict[str, Any] = {}
+        self._update_status()
+        self._io_stopped = threading.Event()
         self._sock = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.bind(address)
+        self._sock.bind(address)  # in the constructor: a bad address fails before serving
+        self._io = threading.Thread(target=self._io_loop, name="rollout-server-io", daemon=True)
 
     def serve_forever(self) -> None:
+        self._io.start()
         last_parent_check = time.monotonic()
         try:
             while self._running:
-                busy = self.backend.has_work()
-                if self._sock.poll(0 if busy else 100, zmq.POLLIN):
-                    while self._sock.poll(0, zmq.POLLIN):
-                        self._handle(*self._sock.recv_multipart())
+                if not (self.backend.has_work() or self._loads):
+                    try:  # idle: sleep until a message arrives
+                        self._handle(*self._inbox.get(timeout=0.1))
+                    except queue.Empty:
+                        pass
+                while True:  # everything that arrived, before the next step
+                    try:
+                        self._handle(*self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
                 if self._loads and not self.backend.has_work():
                     self._run_loads()
                 if self.backend.has_work():  # held requests wait; admitted ones run to the end
                     self._step()
+                self._update_status()
                 if time.monotonic() - last_parent_check > 1.0:
                     last_parent_check = time.monotonic()
                     if self.parent_pid is not None and os.getppid() != self.parent_pid:
                         print("rollout server: parent process is gone, exiting", file=sys.stderr)
                         break
         finally:
+            self._io_stopped.set()
+            self._wake()
+            self._io.join(timeout=5)
+
+    def _update_status(self) -> None:
+        self._status = {  # replaced whole, so the I/O thread never reads a half-built dict
+            "version": self.backend.version,
+            "pid": os.getpid(),
+            "held": len(self._held),
+            "pending_loads": len(self._loads),
+            "progress_time": time.time(),
+            **self.backend.stats(),
+        }
+
+    # ------------------------------------------------------------------ I/O thread
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # a full pipe already means "wake up"
+
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(1000))
+                if self._wake_r in events:
+                    os.read(self._wake_r, 4096)
+                self._flush_outbox()
+                if self._io_stopped.is_set():
+                    return
+                while self._sock.poll(0, zmq.POLLIN):
+                    identity, frame = self._sock.recv_multipart()
+                    self._route(identity, frame)
+        finally:
+            self._flush_outbox()
             self._sock.close(linger=1000)
 
-    # ------------------------------------------------------------------ messages
+    def _flush_outbox(self) -> None:
+        while True:
+            try:
+                self._sock.send_multipart(self._outbox.get_nowait())
+            except queue.Empty:
+                return
 
-    def _handle(self, identity: bytes, frame: bytes) -> None:
+    def _route(self, identity: bytes, frame: bytes) -> None:
         try:
             message = wire.decode(frame)
         except wire.WireError as e:
             print(f"rollout server: dropped a bad frame: {e}", file=sys.stderr)
             return
+        if message["op"] == protocol.OP_HEALTH:
+            reply = self._reply_frame(message.get("call_id"), value=self._status, error=None)
+            self._sock.send_multipart([identity, reply])
+        else:
+            self._inbox.put((identity, message))
+
+    # ------------------------------------------------------------------ messages
+
+    def _handle(self, identity: bytes, message: dict) -> None:
         op, call_id = message["op"], message.get("call_id")
         try:
             if op == protocol.OP_GENERATE:
@@ -103,20 +180,13 @@ class RolloutServer:
             elif op == protocol.OP_SCORE:
                 value = {"logprobs": self.backend.score(message["tokens"])}
                 self._reply(identity, call_id, value=value)
-            elif op == protocol.OP_HEALTH:
-                value = {
-                    "version": self.backend.version,
-                    "pid": os.getpid(),
-                    "held": len(self._held),
-                    "pending_loads": len(self._loads),
-                    **self.backend.stats(),
-                }
-                self._reply(identity, call_id, value=value)
             elif op == protocol.OP_SHUTDOWN:
                 self._reply(identity, call_id, value={})
                 self._running = False
             else:
-                raise RequestError(f"unknown op {op!r}; valid: generate, cancel, {protocol.CALL_OPS}")
+                raise RequestError(
+                    f"unknown op {op!r}; valid: generate, cancel, {protocol.CALL_OPS}"
+                )
         except Exception as e:  # a bad call must not take the server down
             if op in protocol.CALL_OPS or call_id is not None:
                 self._reply(identity, call_id, error=f"{type(e).__name__}: {e}")
@@ -186,9 +256,15 @@ class RolloutServer:
 
     def _send_result(self, identity: bytes, res: GenerateResult) -> None:
         frame = wire.encode({"op": protocol.OP_RESULT, "result": protocol.result_to_wire(res)})
-        self._sock.send_multipart([identity, frame])
+        self._outbox.put([identity, frame])
+        self._wake()
 
     def _reply(self, identity: bytes, call_id: Any, *, value: Any = None, error: str | None = None):
+        self._outbox.put([identity, self._reply_frame(call_id, value=value, error=error)])
+        self._wake()
+
+    @staticmethod
+    def _reply_frame(call_id: Any, *, value: Any, error: str | None) -> bytes:
         message = {
             "op": protocol.OP_REPLY,
             "call_id": call_id,
@@ -196,7 +272,7 @@ class RolloutServer:
             "value": value,
             "error": error,
         }
-        self._sock.send_multipart([identity, wire.encode(message)])
+        return wire.encode(message)
 
 
 # ----------------------------------------------------------------------------- process entry

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from thundersync_jax.models.sampling import SamplingParams
 from thundersync_jax.rollout import protocol, snapshots
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
 
@@ -187,7 +186,9 @@ class VLLMBackend:
         self._active.discard(out.request_id)
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
-        logprobs = [float(step[tok].logprob) for tok, step in zip(tokens, completion.logprobs)]
+        logprobs = [
+            float(step[tok].logprob) for tok, step in zip(tokens, completion.logprobs, strict=True)
+        ]
         reason = protocol.FINISH_STOP if completion.finish_reason == "stop" else "length"
         finished.append(GenerateResult(out.request_id, tokens, logprobs, reason, self.version))
 
@@ -210,10 +211,10 @@ class VLLMBackend:
 
     def score(self, token_lists: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Prompt log-probs via the engine; generation results met meanwhile are kept for step()."""
+        from thundersync_jax.models.sampling import SamplingParams
+
         seqs = [[int(t) for t in np.asarray(s).reshape(-1)] for s in token_lists]
-        params = self._sampling_params(
-            SamplingParams(max_new_tokens=1), seed=0, prompt_logprobs=0
-        )
+        params = self._sampling_params(SamplingParams(max_new_tokens=1), seed=0, prompt_logprobs=0)
         ids = [f"__score-{self._steps}-{i}" for i in range(len(seqs))]
         for rid, seq in zip(ids, seqs, strict=True):
             self.engine.add_request(rid, {"prompt_token_ids": seq}, params)

@@ -21,7 +21,8 @@ class WireError(ValueError):
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
-        return {_ARRAY_TAG: True, "dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.data}
+        shape = list(arr.shape)
+        return {_ARRAY_TAG: True, "dtype": arr.dtype.str, "shape": shape, "data": arr.data}
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, tuple):

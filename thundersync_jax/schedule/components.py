@@ -79,13 +79,15 @@ def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3:
             return qwen3.from_pretrained(config.model.checkpoint)
         from flax import nnx
 
-        return qwen3.Qwen3(qwen3.Qwen3Config.from_config_dict(config.model),
-                           rngs=nnx.Rngs(int(config.seed)))
+        return qwen3.Qwen3(
+            qwen3.Qwen3Config.from_config_dict(config.model), rngs=nnx.Rngs(int(config.seed))
+        )
     limits = agent_loop.LoopLimits.from_config(config.rollout)
     examples = agent_demos.demonstration_examples(
         [lambda t=t: make_env(config, t, workdir) for t in tasks], tok, limits
     )
-    result = sft.train_sft_from_config(config, examples, workdir, name="student")
+    cache = config.sft.cache_dir or workdir  # tests share one warm start across runs
+    result = sft.train_sft_from_config(config, examples, cache, name="student")
     log.info("warm start: %s (cache hit: %s)", result.path, result.cache_hit)
     return result.model
 

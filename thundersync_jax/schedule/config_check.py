@@ -77,10 +77,14 @@ def check_config(c) -> None:
             f"learner.seq_buckets={tuple(c.learner.seq_buckets)} must reach "
             f"rollout.max_traj_tokens={c.rollout.max_traj_tokens}"
         )
-    if c.rl.loss_agg == "seq-mean-token-sum-norm" and not (c.rl.max_len or c.rollout.max_traj_tokens):
+    if c.rl.loss_agg == "seq-mean-token-sum-norm" and not (
+        c.rl.max_len or c.rollout.max_traj_tokens
+    ):
         raise ConfigError("rl.loss_agg=seq-mean-token-sum-norm needs rl.max_len > 0")
     if c.schedule == "async" and c.rl.algorithm == "opd":
-        raise ConfigError("schedule=async is a GRPO staleness baseline; use sync/group/stream for opd")
+        raise ConfigError(
+            "schedule=async is a GRPO staleness baseline; use sync/group/stream for opd"
+        )
     _choice("env.family", c.env.family, FAMILIES)
     if c.env.family == "swe_jsonl" and not c.env.instances:
         raise ConfigError("env.family=swe_jsonl needs env.instances=<path to a SWE-bench JSONL>")

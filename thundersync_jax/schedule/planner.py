@@ -41,6 +41,7 @@ class WorkItem:
       payload: whatever the learner needs to build the chunk (tokens, masks).
       closes_member: True when this item completes a group member (always True
         for GRPO; for OPD only a trajectory's last turn).
+      member: member index in its group (orders ties deterministically).
     """
 
     item_id: str
@@ -50,6 +51,7 @@ class WorkItem:
     arrival_s: float
     payload: Any = None
     closes_member: bool = True
+    member: int = 0
 
 
 class Planner:
@@ -81,13 +83,16 @@ class Planner:
         self._rewards_seen: list[set[float]] = [set() for _ in range(num_groups)]
         self._members_taken = [0] * num_groups  # members handed to the learner
         self._expected = [group_size] * num_groups
+        self._completed_at = [float("inf")] * num_groups
         self.open_groups_peak = 0
 
     # -- arrivals ---------------------------------------------------------
     def push(self, item: WorkItem) -> None:
         """Records an arrived item."""
         if not 0 <= item.group < self.num_groups:
-            raise ValueError(f"item {item.item_id}: group={item.group} not in [0, {self.num_groups})")
+            raise ValueError(
+                f"item {item.item_id}: group={item.group} not in [0, {self.num_groups})"
+            )
         if item.closes_member:
             if self._members_in[item.group] >= self._expected[item.group]:
                 raise ValueError(
@@ -96,6 +101,8 @@ class Planner:
                 )
             self._members_in[item.group] += 1
             self._rewards_seen[item.group].add(float(item.reward))
+            if self.group_complete(item.group):
+                self._completed_at[item.group] = item.arrival_s
         self._pending.append(item)
 
     def drop_member(self, group: int) -> None:
@@ -103,6 +110,10 @@ class Planner:
         if self._expected[group] <= self._members_in[group]:
             raise ValueError(f"group {group}: no outstanding member to drop")
         self._expected[group] -= 1
+        if self.group_complete(group):
+            self._completed_at[group] = max(
+                (it.arrival_s for it in self._pending if it.group == group), default=0.0
+            )
 
     # -- state ------------------------------------------------------------
     def group_complete(self, group: int) -> bool:
@@ -133,15 +144,20 @@ class Planner:
 
     def _priority(self, item: WorkItem) -> tuple:
         k = item.group
+        if self.schedule in ("sync", "async"):
+            # The whole batch is in: a fixed order makes the synchronous update bitwise
+            # reproducible (resume after a crash lands on exactly the same parameters).
+            return (0, float(k), item.member, item.item_id)
+        if self.schedule == "group":
+            # FIFO by readiness: groups in the order they completed.
+            return (0, self._completed_at[k], item.member, item.item_id)
         if self.group_complete(k):
             rank = 0
         elif len(self._rewards_seen[k]) > 1:
             rank = 1
         else:
             rank = 2
-        if self.schedule == "group":
-            rank = 0  # FIFO by readiness: groups in the order they completed
-        return (rank, item.arrival_s, item.item_id)
+        return (rank, item.arrival_s, item.member, item.item_id)
 
     def next_chunk(self) -> list[WorkItem]:
         """The next chunk to run (items of one (group, reward) slot), or [] if none is ready."""

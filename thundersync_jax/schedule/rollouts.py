@@ -73,7 +73,11 @@ def launch_batch(
             reward=reward,
             turns=len(traj.turns),
         )
-        out.put(WorkItem(f"g{k}m{m}", k, reward, n_loss, end - timeline.start_s, payload=traj))
+        out.put(
+            WorkItem(
+                f"g{k}m{m}", k, reward, n_loss, end - timeline.start_s, payload=traj, member=m
+            )
+        )
 
     def supervise() -> None:
         with concurrent.futures.ThreadPoolExecutor(max_concurrency) as pool:

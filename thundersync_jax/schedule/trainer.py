@@ -87,8 +87,12 @@ def train(config, workdir: str) -> dict:
     _trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         path = export_final(graphdef, state.params, workdir)
-        log.info("nothing to train (step %d of %d); final policy at %s", first_step,
-                 config.num_steps, path)
+        log.info(
+            "nothing to train (step %d of %d); final policy at %s",
+            first_step,
+            config.num_steps,
+            path,
+        )
         ckpt.close()
         return {}
 
@@ -104,15 +108,18 @@ def train(config, workdir: str) -> dict:
         max_open_groups=rl.max_open_groups or None,
     )
     score_fn = chunks.make_score_grad_fn(
-        graphdef, tuple(config.learner.seq_buckets), remat=bool(config.model.remat),
+        graphdef,
+        tuple(config.learner.seq_buckets),
+        remat=bool(config.model.remat),
         pad_id=tok.pad_id,
     )
     learner = GrpoLearner(acc, score_fn, tok.pad_id, enforce_version=config.schedule != "async")
     apply_update = make_apply_update(optimizer)
     limits = agent_loop.LoopLimits.from_config(config.rollout)
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
-    progress = metrics.StepProgress(config.num_steps, desc=f"grpo/{config.schedule}",
-                                    initial=first_step)
+    progress = metrics.StepProgress(
+        config.num_steps, desc=f"grpo/{config.schedule}", initial=first_step
+    )
     fleet = setup.EngineFleet(config, workdir, tok)
     last: dict = {}
     try:
@@ -167,13 +174,19 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
         # Rollouts of step n+1 run on policy n while the learner trains step n.
         current = pending if pending is not None else launch(step, timeline)
         timeline = current["timeline"]
-        nxt = launch(step + 1, metrics.Timeline(schedule="async")) \
-            if step + 1 < config.num_steps else None
+        nxt = (
+            launch(step + 1, metrics.Timeline(schedule="async"))
+            if step + 1 < config.num_steps
+            else None
+        )
     else:
         current, nxt = launch(step, timeline), None
 
     planner = Planner(
-        config.schedule, rl.num_groups, rl.group_size, _max_chunk_tokens(config),
+        config.schedule,
+        rl.num_groups,
+        rl.group_size,
+        _max_chunk_tokens(config),
         rl.max_open_groups or None,
     )
     learner.begin(state.params, version)
@@ -182,7 +195,11 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
         current["queue"],
         learner.process,
         on_chunk=lambda c, s, e: timeline.record(
-            metrics.CHUNK, s, e, group=c[0].group, ids=[it.item_id for it in c],
+            metrics.CHUNK,
+            s,
+            e,
+            group=c[0].group,
+            ids=[it.item_id for it in c],
             tokens=sum(it.num_tokens for it in c),
         ),
         timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
@@ -220,4 +237,3 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
 
 def _tree_bytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
-

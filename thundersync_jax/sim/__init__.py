@@ -10,7 +10,7 @@ and after the last chunk the optimizer step (opt_s) and publication (pub_s)
 follow. Step time = batch start → weights published. With R = max a_i (rollout
 span), L = chunk work of sync and O = opt_s + pub_s:
 
-    sync    T = R + L + O                 learner starts at R; maximal packing
+    sync    T = R + L + O                 learner starts at R; groups in index order
     group   a group's chunks are ready at its last arrival; FIFO by that time
     stream  each trajectory is ready at a_i; closed groups first, then open groups
             with differing rewards, then the rest; ready same-slot trajectories packed
@@ -21,9 +21,13 @@ span), L = chunk work of sync and O = opt_s + pub_s:
 
 Ceiling. Every trajectory's work starts after it arrives, so group and stream
 satisfy T ≥ max(R + c_last, L_lb) + O, where c_last is the cheapest chunk
-holding the last trajectory and L_lb ≤ L a lower bound on any packing's work.
-Hence speedup over sync ≤ (R + L + O) / (max(R, L_lb) + O) ≤ (R + L)/max(R, L),
-which is 2 at balance L = R and falls toward 1 as either side dominates.
+holding the last trajectory and L_lb ≤ L a lower bound on any packing's work
+(fixed cost per unavoidable chunk + per-token cost of unpadded tokens). Hence
+speedup over sync ≤ (R + L + O) / (max(R, L_lb) + O) ≈ (R + L)/max(R, L), which
+is 2 at balance L = R and falls toward 1 as either side dominates. `ceiling`
+uses the tighter release-time form T ≥ max_t [t + work_lb(arrivals ≥ t)] + O
+(t = R and t = 0 give the two terms above): late-arriving work cannot overlap.
+Async reaches (R + L + O)/(max(R, L) + O) exactly, at the price of staleness.
 `balance` rescales arrival times to a chosen L / R.
 
 Learner-time metrics (same definitions as thundersync_jax.metrics):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -13,18 +12,22 @@ from thundersync_jax.sim._trace import Arrival, validate_trace
 
 
 class Ceiling(NamedTuple):
-    """Sync step time and a lower bound on the step time of group or stream.
+    """Sync step time and lower bounds on the step time of group or stream.
 
     Attributes:
       rollout_span_s: R, batch start → last reward.
       learner_work_s: L, the chunk work of sync (maximal packing).
       learner_work_lb_s: a lower bound on the chunk work of any packing: one
         fixed cost per chunk that must exist plus per_token_s per unpadded token.
-      sync_s: R + L + opt + pub (what `simulate(..., "sync")` returns).
-      lower_bound_s: max(R + tail_lb, L_lb) + opt + pub, with tail_lb the
-        cheapest chunk holding the last-arriving trajectory; no schedule that
-        starts a trajectory's work after its arrival can be faster.
+      sync_s: R + L + O with O = opt + pub (what `simulate(..., "sync")` returns).
+      lower_bound_s: max over arrival times t of (t + lower bound on the work of
+        the trajectories arriving at or after t) + O. No schedule that starts a
+        trajectory's work after its arrival can be faster. t = R gives R + the
+        cheapest chunk holding the last trajectory; t = 0 gives L_lb.
       max_speedup: sync_s / lower_bound_s, at most 1 + L/R (= 2 at balance 1).
+      balance_speedup: (R + L + O) / (max(R, L) + O), the ceiling of the
+        balance argument when learner work stays L; it is exactly what async
+        reaches (it hides the whole of min(R, L)).
     """
 
     rollout_span_s: float
@@ -33,6 +36,7 @@ class Ceiling(NamedTuple):
     sync_s: float
     lower_bound_s: float
     max_speedup: float
+    balance_speedup: float
 
 
 def learner_work_s(trace: Sequence[Arrival], cost: CostModel, max_chunk_tokens: int) -> float:
@@ -40,25 +44,43 @@ def learner_work_s(trace: Sequence[Arrival], cost: CostModel, max_chunk_tokens: 
     return simulate(trace, "sync", cost, max_chunk_tokens).learner_work_s
 
 
+def _min_chunks(tokens: int, longest: int, max_chunk_tokens: int) -> int:
+    # A chunk is one trajectory (any length) or several within the budget, so it
+    # holds at most max(budget, longest trajectory of its slot) tokens.
+    return max(1, math.ceil(tokens / max(max_chunk_tokens, longest)))
+
+
+def _release_bound(trace: Sequence[Arrival], cost: CostModel, max_chunk_tokens: int):
+    """(max_t [t + work lower bound of arrivals >= t], work lower bound of all) for a trace."""
+    slot_tokens: dict[tuple[int, float], int] = {}
+    slot_longest: dict[tuple[int, float], int] = {}
+    chunks = tokens = 0
+    best = 0.0
+    ordered = sorted(trace, key=lambda a: a.arrival_s, reverse=True)
+    for i, a in enumerate(ordered):
+        slot = (a.group, a.reward)
+        if slot in slot_tokens:
+            chunks -= _min_chunks(slot_tokens[slot], slot_longest[slot], max_chunk_tokens)
+        slot_tokens[slot] = slot_tokens.get(slot, 0) + a.tokens
+        slot_longest[slot] = max(slot_longest.get(slot, 0), a.tokens)
+        chunks += _min_chunks(slot_tokens[slot], slot_longest[slot], max_chunk_tokens)
+        tokens += a.tokens
+        if i + 1 < len(ordered) and ordered[i + 1].arrival_s == a.arrival_s:
+            continue  # evaluate once all trajectories arriving at this time are counted
+        work = cost.fixed_s * chunks + cost.per_token_s * tokens
+        best = max(best, a.arrival_s + work)
+    return best, work
+
+
 def ceiling(trace: Sequence[Arrival], cost: CostModel, max_chunk_tokens: int) -> Ceiling:
     """The most any of group/stream can gain over sync on this trace (see `Ceiling`)."""
     validate_trace(trace)
     span = max(a.arrival_s for a in trace)
     work = learner_work_s(trace, cost, max_chunk_tokens)
-    slots: dict[tuple[int, float], list[int]] = defaultdict(list)
-    for a in trace:
-        slots[(a.group, a.reward)].append(a.tokens)
-    # A chunk is one trajectory (any length) or several within the budget, so it
-    # holds at most max(budget, longest trajectory of its slot) tokens.
-    min_chunks = sum(
-        max(1, math.ceil(sum(toks) / max(max_chunk_tokens, max(toks)))) for toks in slots.values()
-    )
-    work_lb = cost.fixed_s * min_chunks + cost.per_token_s * sum(a.tokens for a in trace)
-    last_tokens = max(a.tokens for a in trace if a.arrival_s == span)
-    tail_lb = cost.fixed_s + cost.per_token_s * last_tokens
+    release, work_lb = _release_bound(trace, cost, max_chunk_tokens)
     step_extra = cost.opt_s + cost.pub_s
     sync_s = span + work + step_extra
-    lower = max(span + tail_lb, work_lb) + step_extra
+    lower = release + step_extra
     return Ceiling(
         rollout_span_s=span,
         learner_work_s=work,
@@ -66,6 +88,7 @@ def ceiling(trace: Sequence[Arrival], cost: CostModel, max_chunk_tokens: int) ->
         sync_s=sync_s,
         lower_bound_s=lower,
         max_speedup=sync_s / lower if lower > 0 else 1.0,
+        balance_speedup=sync_s / (max(span, work) + step_extra) if sync_s > 0 else 1.0,
     )
 
 
@@ -74,8 +97,8 @@ def balance(
 ) -> list[Arrival]:
     """Rescales arrival times so that learner work / rollout span = `ratio`.
 
-    L does not depend on arrival times (sync packs by arrival order, which a
-    positive scale keeps), so one rescale is exact.
+    L does not depend on arrival times (sync packs each slot in traj_id order),
+    so one rescale is exact.
     """
     if not (math.isfinite(ratio) and ratio > 0):
         raise ValueError(f"ratio={ratio} must be finite and > 0")

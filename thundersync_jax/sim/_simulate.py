@@ -8,13 +8,14 @@ the orchestrator (thundersync_jax/schedule/planner.py):
 * readiness: sync — every trajectory at the last arrival R; group — each
   trajectory when its group's last member arrives; stream — at its own arrival;
   async — at t = 0 (it trains on the previous batch while this one rolls out).
-* choice: the earliest-keyed ready trajectory is the head; the chunk is the
-  ready trajectories of the head's (group, reward) slot in arrival order, cut
+* choice: the smallest-keyed ready trajectory is the head; the chunk is the
+  ready trajectories of the head's (group, reward) slot in key order, cut
   before the first one that would push the chunk past `max_chunk_tokens` (a
-  trajectory longer than the budget runs alone). Keys (ties by traj_id):
-  sync/async (arrival), group (group ready time, arrival), stream
-  (rank, arrival) with rank 0 for a closed group (every member arrived),
-  1 for an open group whose arrived rewards already differ, 2 otherwise.
+  trajectory longer than the budget runs alone). Keys: sync/async
+  (group, traj_id) — a fixed order, so the synchronous update is bitwise
+  reproducible; group (group ready time, arrival, traj_id); stream
+  (rank, arrival, traj_id) with rank 0 for a closed group (every member
+  arrived), 1 for an open group whose arrived rewards already differ, 2 otherwise.
 * cap: with `max_open_groups=M`, once M groups hold a partial tally (some
   members processed, not all), only work of those groups may run.
 
@@ -119,6 +120,7 @@ def _run_learner(
     next_arrival = next_ready = 0
     chunks: list[Chunk] = []
     open_peak = 0
+    fixed_order = schedule in ("sync", "async")
     t = 0.0
     remaining = len(trace)
 
@@ -133,7 +135,7 @@ def _run_learner(
             return (rank(k), *_arrival_key(head))
         if schedule == "group":
             return (group_done_at[k], *_arrival_key(head))
-        return _arrival_key(head)
+        return (k, head.traj_id)
 
     while remaining:
         while next_arrival < len(by_arrival) and by_arrival[next_arrival].arrival_s <= t:
@@ -143,8 +145,11 @@ def _run_learner(
             next_arrival += 1
         while next_ready < len(by_ready) and ready_at(by_ready[next_ready]) <= t:
             a = by_ready[next_ready]
-            pending[a.group].append(a)  # admitted in arrival order within a group
+            pending[a.group].append(a)
             next_ready += 1
+            if fixed_order:
+                pending[a.group].sort(key=lambda x: x.traj_id)
+            # otherwise admission is in arrival order within a group already
         candidates = [k for k, items in pending.items() if items]
         if max_open_groups is not None and len(open_groups) >= max_open_groups:
             candidates = [k for k in candidates if k in open_groups]

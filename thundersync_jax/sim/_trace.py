@@ -78,7 +78,13 @@ def _to_record(a: Arrival) -> dict:
 
 
 def write_trace(path: str | os.PathLike, trace: Iterable[Arrival], append: bool = False) -> None:
-    """Writes (or appends) one JSON object per trajectory to `path`, then fsyncs."""
+    """Writes (or appends) one JSON object per trajectory to `path`, then fsyncs.
+
+    The parent directory is created if needed.
+    """
+    parent = os.path.dirname(os.fspath(path))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
     with open(path, "a" if append else "w", encoding="utf-8") as f:
         for a in trace:
             f.write(json.dumps(_to_record(a)) + "\n")
@@ -87,8 +93,16 @@ def write_trace(path: str | os.PathLike, trace: Iterable[Arrival], append: bool 
 
 
 def read_trace(path: str | os.PathLike, step: int | None = None) -> list[Arrival]:
-    """Reads a JSONL trace; with `step`, only that step's records (in file order)."""
-    out = []
+    """Reads a JSONL trace; with `step`, only that step's records.
+
+    Consecutive records of one step form a block; a repeated traj_id also starts a
+    new block. A later block of a step replaces the earlier one (a resumed run
+    re-exports the steps it redoes), so every step is read once, in order of
+    first appearance.
+    """
+    blocks: dict[int, list[Arrival]] = {}
+    current: int | None = None
+    block_ids: set[int] = set()
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -108,9 +122,14 @@ def read_trace(path: str | os.PathLike, step: int | None = None) -> list[Arrival
                 raise ValueError(
                     f"{path}:{lineno}: not a trace record ({e}): {line[:200]!r}"
                 ) from e
-            if step is None or a.step == step:
-                out.append(a)
-    return out
+            if a.step != current or a.traj_id in block_ids:
+                current, block_ids = a.step, set()
+                blocks[a.step] = []  # a new block; drops an earlier block of this step
+            blocks[a.step].append(a)
+            block_ids.add(a.traj_id)
+    if step is not None:
+        return blocks.get(step, [])
+    return [a for block in blocks.values() for a in block]
 
 
 def split_steps(trace: Iterable[Arrival]) -> dict[int, list[Arrival]]:

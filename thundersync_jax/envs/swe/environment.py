@@ -20,7 +20,8 @@ from typing import Any
 from thundersync_jax.envs import verify as verify_lib
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, VerifierResult
 from thundersync_jax.envs.sandbox import Sandbox
-from thundersync_jax.envs.swe import mini_swe, repo, tools, verifier
+from thundersync_jax.envs.swe import mini_swe, repo, verifier
+from thundersync_jax.envs.swe import tools as swe_tools
 from thundersync_jax.envs.swe.instance import SweInstance
 
 
@@ -40,7 +41,7 @@ class SweEnvironment(Environment):
       cache_dir: where remote repositories are mirrored (default workdir/repos).
     """
 
-    tools = tools.TOOL_SPECS
+    tools = swe_tools.TOOL_SPECS
 
     def __init__(
         self,
@@ -101,11 +102,11 @@ class SweEnvironment(Environment):
             return StepResult(self._bash(args.get("command")))
         if call.name == "view":
             return StepResult(
-                tools.view(root, args.get("path"), self.view_max_bytes, box_root=box_root)
+                swe_tools.view(root, args.get("path"), self.view_max_bytes, box_root=box_root)
             )
         if call.name == "edit":
             return StepResult(
-                tools.edit(root, args.get("path"), args.get("old"), args.get("new"), box_root)
+                swe_tools.edit(root, args.get("path"), args.get("old"), args.get("new"), box_root)
             )
         if call.name == "submit":
             self.submitted = True
@@ -122,7 +123,7 @@ class SweEnvironment(Environment):
             out += f"\n(timed out after {self.command_timeout_s or self._sandbox.timeout_s:g} s)"
         elif res.exit_code != 0:
             out += f"\n(exit {res.exit_code})"
-        return tools.cap(out.strip("\n") or "(no output)", self.max_observation_bytes)
+        return swe_tools.cap(out.strip("\n") or "(no output)", self.max_observation_bytes)
 
     def model_patch(self) -> str:
         """The workspace's changes against base_commit (what verify() scores)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
 import random
 import shutil
 import subprocess
@@ -40,6 +41,11 @@ TEST_CMD = "python -m pytest"
 PYTEST_INI = (
     "[pytest]\naddopts = -q --tb=line -rN -p no:cacheprovider\nconsole_output_style = classic\n"
 )
+# pytest's multi-line assertion diffs ("Use -v to get more diff") cost a tiny model's
+# context more than they tell it: one line per failing comparison instead.
+CONFTEST = (
+    'def pytest_assertrepr_compare(op, left, right):\n    return [f"{left!r} {op} {right!r}"]\n'
+)
 # Plugin autoloading would import every plugin of the host interpreter (seconds);
 # COLUMNS keeps pytest's banners short.
 TASK_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "COLUMNS": "40"}
@@ -55,8 +61,16 @@ _GIT_ENV = {
     "GIT_CONFIG_GLOBAL": "/dev/null",
 }
 _CHECKS_PER_TEST = 3
+# Two functions per module keeps a file view near 250 bytes: a hard task's whole
+# demonstration (two views, two test runs) then fits a 1.5 kB context.
+_FUNCS_PER_MODULE = 2
+# Any change to the generator or its library changes the cache key, so stale cached
+# tasks (older statements, demonstrations) are regenerated rather than reused.
 _FORMAT_VERSION = hashlib.sha256(
-    repr((MODULES, PYTEST_INI, TASK_ENV, TEST_CMD)).encode()
+    b"".join(
+        pathlib.Path(__file__).with_name(name).read_bytes()
+        for name in ("mini_swe.py", "mini_swe_library.py")
+    )
 ).hexdigest()
 
 
@@ -139,7 +153,7 @@ def make_instance(
 def _design(rng: random.Random, difficulty: str, max_sleep_s: float) -> dict[str, Any]:
     """Chooses modules, functions, bugs and the visible/hidden split of failing checks."""
     modules = rng.sample(sorted(MODULES), rng.choice([2, 3]))
-    chosen = {m: rng.sample(range(len(MODULES[m])), 3) for m in modules}
+    chosen = {m: rng.sample(range(len(MODULES[m])), _FUNCS_PER_MODULE) for m in modules}
     candidates = [(m, f) for m in modules for f in chosen[m]]
     num_bugs = 2 if difficulty == "hard" else 1
     targets = rng.sample(candidates, num_bugs)
@@ -200,6 +214,7 @@ def _build(instance_id: str, spec: dict[str, Any], repo_dir: str) -> dict[str, A
             hidden_tests[test_path] = tests + hidden
     buggy_files[f"{PACKAGE}/__init__.py"] = ""
     buggy_files["pytest.ini"] = PYTEST_INI
+    buggy_files["conftest.py"] = CONFTEST
     if spec["sleep_s"]:
         buggy_files["tests/test_slow.py"] = (
             f"import time\n\n\ndef test_wait():\n    time.sleep({spec['sleep_s']})\n"
@@ -209,7 +224,7 @@ def _build(instance_id: str, spec: dict[str, Any], repo_dir: str) -> dict[str, A
     base_commit, patch, test_patch = _commit_and_diff(
         repo_dir, buggy_files, fixed_files, hidden_tests
     )
-    demo = _demonstration(spec["difficulty"], buggy_files, demo_edits)
+    demo = _demonstration(buggy_files, demo_edits)
     return {
         "instance_id": instance_id,
         "repo": f"mini-swe/{instance_id}",
@@ -238,17 +253,17 @@ def _statement(difficulty: str, problems: list[tuple[str, tuple[str, str]]]) -> 
     return f"Two bugs: {wants}."
 
 
-def _demonstration(
-    difficulty: str, files: dict[str, str], edits: list[tuple[str, Func, Bug]]
-) -> list[ToolCall]:
-    """Run tests, find and view each buggy file, edit the gold fix in, re-run, submit."""
+def _demonstration(files: dict[str, str], edits: list[tuple[str, Func, Bug]]) -> list[ToolCall]:
+    """Run tests, view each buggy file, edit the gold fix in, re-run, submit.
+
+    The file to open is named by the statement (easy) or, through the failing test's
+    file tests/test_M.py, by the test output (medium, hard): p/M.py.
+    """
     calls = [ToolCall("bash", {"command": TEST_CMD})]
     viewed = set()
     text = dict(files)
     for path, func, bug in edits:
         if path not in viewed:
-            if difficulty != "easy":
-                calls.append(ToolCall("bash", {"command": f"grep -rn 'def {func.name}' {PACKAGE}"}))
             calls.append(ToolCall("view", {"path": path}))
             viewed.add(path)
         old, new = _unique_edit(text[path], func, bug)
@@ -259,7 +274,10 @@ def _demonstration(
 
 
 def _unique_edit(text: str, func: Func, bug: Bug) -> tuple[str, str]:
-    """The shortest (old, new) around the bug whose `old` occurs once in `text`."""
+    """The shortest (old, new) around the bug whose `old` occurs once in `text`: the
+    mutated fragment itself, else its whole line, else that line with the lines above."""
+    if text.count(bug.buggy) == 1:
+        return bug.buggy, bug.fixed
     buggy_func = inject(func, bug)
     fixed_lines, buggy_lines = func.source.splitlines(), buggy_func.splitlines()
     line = next(i for i, (a, b) in enumerate(zip(fixed_lines, buggy_lines, strict=True)) if a != b)

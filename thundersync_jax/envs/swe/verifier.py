@@ -23,6 +23,7 @@ from thundersync_jax.envs.swe.instance import SweInstance
 
 DEFAULT_SANDBOX = {"timeout_s": 60.0, "memory_mb": 2048}
 _OUTPUT_TAIL = 3000
+_PATCH_FILE = ".tsj-model.patch"  # written into the workspace for the in-box GNU patch
 
 
 def source_repo(instance: SweInstance, cache_dir: str) -> str:
@@ -60,6 +61,33 @@ def run_tests(
     return {t: statuses.get(t, pytest_report.ERROR) for t in test_ids}, runs
 
 
+def apply_model_patch(ws: repo.Workspace, patch: str, sandbox_config: Mapping[str, Any]) -> str:
+    """Applies `patch` to the workspace; returns "" on success, else why it does not apply.
+
+    `git apply` first; then, as the SWE-bench harness does, GNU patch with fuzz so
+    slightly shifted context still applies. GNU patch runs inside the sandbox (dry run
+    first, so a failure leaves no half-applied files): it is the less careful of the
+    two about where an untrusted patch may write.
+    """
+    try:
+        ws.apply(patch)
+        return ""
+    except repo.GitError as e:
+        git_error = str(e)
+    patch_file = os.path.join(ws.path, _PATCH_FILE)
+    with open(patch_file, "w") as f:
+        f.write(patch if patch.endswith("\n") else patch + "\n")
+    try:
+        with Sandbox(ws.path, **sandbox_config) as sb:
+            fuzzy = f"patch --batch --fuzz=5 -p1 -i {_PATCH_FILE}"
+            res = sb.run(f"{fuzzy} --dry-run && {fuzzy}", timeout_s=60)
+    finally:
+        os.remove(patch_file)
+    if res.exit_code == 0 and not res.timed_out:
+        return ""
+    return f"{git_error}; patch --fuzz=5: {(res.stdout + res.stderr).strip()[-300:]}"
+
+
 def evaluate_patch(
     instance: SweInstance,
     model_patch: str,
@@ -95,12 +123,13 @@ def evaluate_patch(
             os.path.join(scratch, "repo"),
             os.path.join(scratch, "git"),
         )
-        try:
-            ws.apply(model_patch)
-        except repo.GitError as e:
+        config = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
+        config["env"] = {**instance.env, **config.get("env", {})}
+        problem = apply_model_patch(ws, model_patch, config)
+        if problem:
             return VerifierResult(
                 reward=0.0,
-                reason=f"model patch does not apply: {e}",
+                reason=f"model patch does not apply: {problem}",
                 details={"resolved": False, "patch_applied": False, "tests": {}},
             )
         ws.reset_files(repo.patched_paths(instance.test_patch))
@@ -108,8 +137,7 @@ def evaluate_patch(
             ws.apply(instance.test_patch)
         except repo.GitError as e:
             raise repo.GitError(f"instance {instance.instance_id}: test_patch: {e}") from None
-        config = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
-        config["env"] = {**instance.env, **config.get("env", {})}
+        # A fresh box: it re-owns the files the host just wrote for the sandbox user.
         with Sandbox(ws.path, **config) as sb:
             tests, runs = run_tests(sb, instance, instance.test_ids, timeout_s)
     finally:

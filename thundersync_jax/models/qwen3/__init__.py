@@ -27,6 +27,7 @@ from thundersync_jax.models.qwen3._modules import (
     RMSNorm,
     apply_rope,
 )
+from thundersync_jax.models.qwen3._random import random_state_dict
 
 __all__ = [
     "MLP",
@@ -41,6 +42,7 @@ __all__ = [
     "apply_rope",
     "from_hf_state_dict",
     "from_pretrained",
+    "random_state_dict",
     "init_cache",
     "read_config",
     "read_safetensors",

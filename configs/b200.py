@@ -1,0 +1,106 @@
+"""SWE GRPO with a 32B-class dense Qwen3 on one 8x B200 node (180 GB per GPU).
+
+    python -m experiments.swe_grpo --config=configs/b200.py          # LoRA (default)
+    python -m experiments.swe_grpo --config=configs/b200.py:full     # full fine-tuning
+
+Model: Qwen3-32B dimensions (hidden 5120, 64 layers, 64 query / 8 key-value heads of 128,
+MLP 25600, vocabulary 151936, untied head): 32.8B parameters, bf16 weights, per-layer remat.
+Point `--config.model.checkpoint=DIR` at an HF safetensors directory to start from real weights.
+
+Node split (`c.node`): rollout engines and the learner run at the same time on disjoint GPUs, so
+gradient streaming overlaps the learner's backward passes with the rollouts.
+  lora: 4 rollout GPUs (tensor parallel 4) + 4 learner GPUs (mesh fsdp=1 x tp=4). Params
+        16.4 GB/GPU; adapters, their grads, Adam state and 1 + 2·8 open-group tallies are a
+        few GB; trajectories up to 16k tokens per chunk. Stream schedule.
+  full: 4 rollout GPUs + 4 learner GPUs (mesh fsdp=2 x tp=2). Params 16.4 GB/GPU, one f32
+        gradient 32.8 GB, Adam 65.6 GB, one global tally 32.8 GB; per-open-group f32 tallies
+        of a 32.8B model (2 x 32.8 GB per device each) do not fit, so this variant uses the
+        `group` schedule (each group's gradients start as soon as the group's rewards are in)
+        and 8k-token chunks.
+Expect (from `python -m thundersync_jax.learner.memory --config=configs/b200.py`, run it for
+the exact table): lora ≈ 70 GB and full ≈ 160 GB of the 162 GB usable per learner GPU.
+Step time depends on rollout length; the learner is idle for less than the rollout tail.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs import common
+
+VARIANTS = ("lora", "full")
+
+
+def qwen3_27b_model() -> ml_collections.ConfigDict:
+    """A 27B-class dense Qwen3 (HF config.json fields) in bf16 with per-layer remat.
+
+    Qwen3-32B's attention and width (hidden 5120, 64 layers, 64 query / 8 key-value heads of
+    128, vocabulary 151936, untied head) with an MLP of 19456: 26.7B parameters.
+    """
+    model = common.tiny_qwen3_model()
+    model.update(
+        vocab_size=151936,
+        hidden_size=5120,
+        intermediate_size=19456,
+        num_hidden_layers=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+        remat=True,
+    )
+    return model
+
+
+def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.ConfigDict:
+    """The full run config for one 8-GPU node of `gpu`, variant 'lora' or 'full'."""
+    if variant not in VARIANTS:
+        raise ValueError(f"config variant {variant!r} is not one of {VARIANTS}")
+    c = common.get_base_config()
+    c.model = qwen3_27b_model()
+    c.rl.num_groups = 8
+    c.rl.group_size = 8
+    c.rl.max_open_groups = 8
+    c.rollout.engine = "vllm"
+    c.rollout.max_batch = 64
+    c.rollout.max_turns = 30
+    c.rollout.max_new_tokens_per_turn = 1024
+    c.rollout.max_traj_tokens = 16384
+    c.env.difficulty = "hard"
+    c.learner.seq_buckets = (1024, 2048, 4096, 8192, 16384)
+    c.node = ml_collections.ConfigDict(
+        dict(
+            gpu=gpu,
+            num_gpus=8,
+            gpu_memory_gb=gpu_memory_gb,
+            memory_headroom=0.9,  # left to the XLA / CUDA runtime and fragmentation
+            rollout_gpus=4,
+            rollout_tp=4,  # one engine, tensor parallel over the rollout GPUs
+            learner_gpus=4,
+            chunk_rows=1,  # rows per score-gradient chunk at the longest bucket
+        )
+    )
+    c.mesh.fsdp, c.mesh.tp = 1, 4
+    if variant == "lora":
+        c.lora.enabled = True
+        c.lora.rank = 16
+        c.lora.alpha = 32.0
+        c.optim.learning_rate = 1e-5
+    else:
+        c.lora.enabled = False
+        c.schedule = "group"  # no per-open-group tallies: see the module docstring
+        c.mesh.fsdp, c.mesh.tp = 2, 2
+        c.rollout.max_traj_tokens = 8192
+        c.learner.seq_buckets = (1024, 2048, 4096, 8192)
+        c.optim.learning_rate = 1e-6
+    return c
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """`configs/b200.py` (LoRA) or `configs/b200.py:full`."""
+    return node_config("B200", 180.0, arg or "lora")

@@ -1,0 +1,61 @@
+"""SWE task sets and environments from a config's `env` section (configs/common.py).
+
+instances = factory.load_instances(config.env, workdir, seed=config.seed)
+make_env = lambda i: factory.make_environment(instances[i], workdir, config.env)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from thundersync_jax.envs.swe import mini_swe
+from thundersync_jax.envs.swe.environment import SweEnvironment
+from thundersync_jax.envs.swe.instance import SweInstance, load_jsonl
+
+FAMILIES = ("mini_swe", "swe_jsonl")
+
+
+def difficulties(spec: str) -> tuple[str, ...]:
+    """ "easy" | "medium" | "hard" | a comma-separated list of them | "mixed" (all three)."""
+    levels = mini_swe.DIFFICULTIES if spec == "mixed" else tuple(s.strip() for s in spec.split(","))
+    bad = [lv for lv in levels if lv not in mini_swe.DIFFICULTIES]
+    if bad or not levels:
+        raise ValueError(
+            f"env.difficulty {spec!r}: use one of {mini_swe.DIFFICULTIES}, a comma-separated "
+            "list of them, or 'mixed'"
+        )
+    return levels
+
+
+def load_instances(env_cfg: Any, workdir: str, seed: int) -> list[SweInstance]:
+    """The task set: generated mini-SWE tasks (cached under workdir/mini_swe) or a JSONL file.
+
+    Args:
+      env_cfg: has `family`, `num_tasks`, `difficulty` (mini_swe) and `instances` (swe_jsonl).
+      workdir: the run directory.
+      seed: fixes the generated task set.
+    """
+    family = env_cfg.family
+    if family == "mini_swe":
+        return mini_swe.generate(
+            int(env_cfg.num_tasks),
+            seed,
+            os.path.join(workdir, "mini_swe"),
+            difficulties(env_cfg.difficulty),
+        )
+    if family == "swe_jsonl":
+        if not env_cfg.instances:
+            raise ValueError("env.family=swe_jsonl needs env.instances (a JSONL path)")
+        instances = load_jsonl(env_cfg.instances)
+        return instances[: int(env_cfg.num_tasks)] if int(env_cfg.num_tasks) > 0 else instances
+    raise ValueError(f"env.family {family!r} is not a SWE family; SWE families: {FAMILIES}")
+
+
+def make_environment(instance: SweInstance, workdir: str, env_cfg: Any) -> SweEnvironment:
+    """An environment for one episode, sandboxed with the config's time and memory limits."""
+    sandbox = {
+        "timeout_s": float(env_cfg.sandbox_timeout_s),
+        "memory_mb": int(env_cfg.sandbox_memory_mb),
+    }
+    return SweEnvironment(instance, os.path.join(workdir, "episodes"), sandbox)

@@ -1,0 +1,235 @@
+"""Per-device memory plan of the learner (and rollout weights) from a run config.
+
+Counts, per learner device:
+  params       the model weights in `param_dtype`, sharded by the config's mesh rules;
+  grads        one transient float32 score gradient h (trainable-sized);
+  optimizer    adamw: two float32 moments (trainable-sized);
+  tallies      accumulator tallies, float32: 1 global + 2 per open group (the affine / two
+               reward-bucket form), sharded like the params, so divided by the data-parallel size;
+  lora_merged  LoRA only: the merged copy of the targeted weights the forward reads;
+  activations  one chunk's forward+backward working set (estimate, see `activation_bytes`).
+
+Param shards are exact (shapes from `jax.eval_shape` of the real model, split by the same
+logical rules as `sharding.param_specs`); activations are an estimate of the tensors XLA keeps
+for the backward pass (materialized [T, T] attention scores, float32 logits), good to a small
+factor, and meant to choose mesh, remat and bucket sizes, not to replace a device measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from thundersync_jax.learner import buckets
+from thundersync_jax.models import qwen3, sharding
+
+GB = 1e9
+_F32 = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes of one learner device, and what one rollout device holds.
+
+    Attributes:
+      params, grads, optimizer, tallies, lora_merged, activations: bytes per learner device.
+      capacity: usable bytes per device (gpu_memory_gb · memory_headroom).
+      num_params: model parameters; trainable_params: what gradients cover (adapters for LoRA).
+      open_group_tallies: tallies per open group times open groups kept on the device.
+      chunk_tokens: padded sequence length of the largest chunk.
+      rollout_weights: bytes of bf16 weights per rollout device (tensor parallel over rollout_tp).
+    """
+
+    params: int
+    grads: int
+    optimizer: int
+    tallies: int
+    lora_merged: int
+    activations: int
+    capacity: int
+    num_params: int
+    trainable_params: int
+    open_group_tallies: int
+    chunk_tokens: int
+    rollout_weights: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.tallies
+            + self.lora_merged
+            + self.activations
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity and self.rollout_weights <= self.capacity
+
+    def table(self) -> str:
+        """Markdown table in GB per device."""
+        rows = [
+            ("params", self.params),
+            ("grads (h, f32)", self.grads),
+            ("optimizer (adamw, f32)", self.optimizer),
+            (f"tallies (1 + {self.open_group_tallies}, f32)", self.tallies),
+            ("lora merged weights", self.lora_merged),
+            (f"activations ({self.chunk_tokens} tokens)", self.activations),
+            ("total learner", self.total),
+            ("capacity", self.capacity),
+            ("rollout weights", self.rollout_weights),
+        ]
+        lines = ["| per device | GB |", "|---|---:|"]
+        lines += [f"| {name} | {value / GB:.1f} |" for name, value in rows]
+        return "\n".join(lines)
+
+
+def _dtype_bytes(name: str) -> int:
+    return jnp.dtype(name).itemsize
+
+
+def _abstract_params(model_config: Any) -> Any:
+    cfg = qwen3.Qwen3Config.from_config_dict(model_config)
+    dtype = jnp.dtype(model_config.param_dtype)
+    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    return nnx.split(model, nnx.Param)[1]
+
+
+def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
+    ways = 1
+    for entry in spec:
+        for axis in (entry,) if isinstance(entry, str) else (entry or ()):
+            ways *= mesh_shape[axis]
+    return ways
+
+
+def param_shard_elements(config: Any) -> tuple[int, int, int]:
+    """(total params, params per device, targeted-by-LoRA params per device) under the rules."""
+    abstract = _abstract_params(config.model)
+    mesh_shape = {"fsdp": int(config.mesh.fsdp), "tp": int(config.mesh.tp)}
+    # The specs only need the axis sizes, so no devices are required.
+    mesh = types.SimpleNamespace(shape=mesh_shape)
+    specs = sharding.param_specs(abstract, sharding.rules_from_config(config.mesh), mesh)
+    targets = tuple(config.lora.targets)
+    total = per_device = targeted = 0
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    flat_params = jax.tree_util.tree_leaves_with_path(abstract)
+    for (keypath, leaf), spec in zip(flat_params, flat_specs, strict=True):
+        size = math.prod(leaf.shape)
+        local = size // _shard_ways(spec, mesh_shape)
+        total += size
+        per_device += local
+        path = [str(getattr(k, "key", getattr(k, "name", k))) for k in keypath]
+        if leaf.ndim >= 2 and any(p in targets for p in path):
+            targeted += local
+    return total, per_device, targeted
+
+
+def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
+    """Adapter parameters: rank · (in + out) per targeted weight per layer."""
+    d, f = model_config.hidden_size, model_config.intermediate_size
+    q = model_config.num_attention_heads * model_config.head_dim
+    kv = model_config.num_key_value_heads * model_config.head_dim
+    sizes = {
+        "q_proj": d + q,
+        "k_proj": d + kv,
+        "v_proj": d + kv,
+        "o_proj": q + d,
+        "gate_proj": d + f,
+        "up_proj": d + f,
+        "down_proj": f + d,
+    }
+    return model_config.num_hidden_layers * rank * sum(sizes[t] for t in targets)
+
+
+def activation_bytes(model_config: Any, rows: int, tokens: int, tp: int, remat: bool) -> int:
+    """Estimated working set of one chunk's forward + backward on one device.
+
+    Per layer it keeps the residual and two norm outputs (3·D), q/k/v before and after
+    norm+RoPE (3·(N+2K)·H / tp), the attention output (N·H / tp), the MLP's gate, up, silu and
+    product (4·F / tp), all in the compute dtype, plus materialized scores (float32) and
+    probabilities for N heads over [T, T] (/ tp) and the boolean mask. The LM head adds float32
+    logits, log-softmax and their gradient (3·V / tp). With remat only each layer's input is
+    kept, and one layer's working set is rebuilt at a time (counted twice: values and grads).
+    """
+    m = model_config
+    a = _dtype_bytes(m.dtype)
+    n, k, h, d, f = (
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.head_dim,
+        m.hidden_size,
+        m.intermediate_size,
+    )
+    bt = rows * tokens
+    per_token = (3 * d + (3 * (n + 2 * k) * h + n * h + 4 * f) / tp) * a
+    attention = rows * tokens * tokens * (n * (_F32 + a) / tp + 1)
+    layer = bt * per_token + attention
+    logits = 3 * bt * m.vocab_size * _F32 / tp
+    if remat:
+        return int(m.num_hidden_layers * bt * d * a + 2 * layer + logits)
+    return int(m.num_hidden_layers * layer + logits)
+
+
+def open_groups_on_device(config: Any) -> int:
+    """Open groups whose two tallies live on the device (0 when groups close before work)."""
+    if config.schedule in ("sync", "group") or config.rl.algorithm == "opd":
+        return 0
+    return int(config.rl.max_open_groups or config.rl.num_groups)
+
+
+def plan(config: Any) -> MemoryPlan:
+    """Memory plan for `config` (a configs/*.py ConfigDict with a `node` section)."""
+    node = config.node
+    learner_devices = int(config.mesh.fsdp) * int(config.mesh.tp)
+    if learner_devices != int(node.learner_gpus):
+        raise ValueError(
+            f"mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} = {learner_devices} devices, "
+            f"but node.learner_gpus={node.learner_gpus}"
+        )
+    if int(node.rollout_gpus) + int(node.learner_gpus) > int(node.num_gpus):
+        raise ValueError(
+            f"rollout_gpus={node.rollout_gpus} + learner_gpus={node.learner_gpus} exceed "
+            f"num_gpus={node.num_gpus}"
+        )
+    total, params_local, targeted_local = param_shard_elements(config)
+    param_bytes = _dtype_bytes(config.model.param_dtype)
+    if config.lora.enabled:
+        trainable = lora_params(config.model, int(config.lora.rank), tuple(config.lora.targets))
+        trainable_local = trainable  # adapters are replicated (they are small)
+        merged = targeted_local * param_bytes
+    else:
+        trainable, trainable_local, merged = total, params_local, 0
+    open_tallies = 2 * open_groups_on_device(config)
+    chunk_tokens = buckets.bucket_length(
+        int(config.rollout.max_traj_tokens), config.learner.seq_buckets
+    )
+    activations = activation_bytes(
+        config.model,
+        int(node.get("chunk_rows", 1)),
+        chunk_tokens,
+        int(config.mesh.tp),
+        bool(config.model.remat),
+    )
+    return MemoryPlan(
+        params=params_local * param_bytes,
+        grads=trainable_local * _F32,
+        optimizer=2 * trainable_local * _F32,
+        tallies=(1 + open_tallies) * trainable_local * _F32,
+        lora_merged=merged,
+        activations=activations,
+        capacity=int(float(node.gpu_memory_gb) * GB * float(node.memory_headroom)),
+        num_params=total,
+        trainable_params=trainable,
+        open_group_tallies=open_tallies,
+        chunk_tokens=chunk_tokens,
+        rollout_weights=total * 2 // int(node.rollout_tp),
+    )
