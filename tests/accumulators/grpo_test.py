@@ -158,7 +158,7 @@ def _check_stream(draw, params, random_grad, advantage, loss_agg, offset, scale,
 
 
 FAST = settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-MODERATE = settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+MODERATE = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.parametrize("advantage", AFFINE)

@@ -108,7 +108,7 @@ def test_episode_bookkeeping_matches_template(chat_format):
         messages.append(chat.Message("assistant", t.text))
         if t.index < len(traj.turns) - 1:
             messages += [chat.Message("tool", o) for o in t.observations]
-    assert tok.decode(traj.tokens) + fmt._after_turn == fmt.render(messages, CounterEnv.tools)
+    assert tok.decode(traj.tokens) + fmt.after_turn == fmt.render(messages, CounterEnv.tools)
 
     # Each turn's prompt is the prefix before it; the mask covers sampled tokens only.
     mask = np.zeros(len(traj.tokens), bool)
@@ -218,6 +218,42 @@ def test_sampler_breaking_the_contract_raises():
 
     with pytest.raises(ValueError, match="over max_new_tokens"):
         agent_loop.run_episode(CounterEnv(1), Overlong(tok, ["x" * 10]), tok, IDS)
+
+
+def test_run_episodes_closes_envs_and_raises_a_failed_episode():
+    tok = tokenizer.ByteTokenizer()
+    submit = ['<tool_call>{"name": "submit", "arguments": {}}</tool_call>']
+
+    class FailsOnPrompt1(ScriptedSampler):
+        def sample(self, prompt_tokens, key_ids, max_new_tokens):
+            if key_ids.prompt == 1:
+                raise ConnectionError("engine went away")
+            return super().sample(prompt_tokens, key_ids, max_new_tokens)
+
+    made = []
+
+    def make(k):
+        made.append(CounterEnv(0))
+        return made[-1]
+
+    episodes = [agent_loop.Episode(lambda k=k: make(k), EpisodeIds(0, 0, k, 0)) for k in range(3)]
+    sampler = FailsOnPrompt1(tok, submit)
+    with pytest.raises(ConnectionError, match="engine went away"):
+        list(agent_loop.run_episodes(episodes, sampler, tok, max_concurrency=1))
+    assert len(made) >= 2 and all(env.closed for env in made)
+    ok = list(agent_loop.run_episodes(episodes[:1], sampler, tok))
+    assert [t.reward for t in ok] == [1.0]
+
+
+def test_generate_sampler_reports_failures_and_refuses_after_close():
+    sp = sampling.SamplingParams(max_new_tokens=4)
+    key = EpisodeIds(0, 0, 0, 0).turn_key(0)
+    with GenerateSampler(None, sp, pad_id=0) as s:  # no model: every generate call fails
+        # The failure reaches the waiting episode instead of hanging it.
+        with pytest.raises(AttributeError):
+            s.sample([1, 2, 3], key, 4)
+    with pytest.raises(RuntimeError, match="closed"):
+        s.sample([1, 2, 3], key, 4)
 
 
 # --- the real tiny model --------------------------------------------------------------------

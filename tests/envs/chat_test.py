@@ -110,7 +110,7 @@ def test_incremental_pieces_equal_full_render(fmt):
             text += fmt.tool_results_text(results)
             assert text == fmt.render(history, TOOLS, add_generation_prompt=True)
     # The trajectory ends at the last end-of-turn; render() adds only the trailing newline.
-    assert text + fmt._after_turn == fmt.render(history, TOOLS)
+    assert text + fmt.after_turn == fmt.render(history, TOOLS)
 
 
 def test_compact_is_short_and_uses_role_ids():

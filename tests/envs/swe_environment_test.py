@@ -29,7 +29,7 @@ def test_tool_errors_are_observations(task, tmp_path):
         def obs(name, **args):
             return env.step(ToolCall(name, args)).observation
 
-        assert obs("bash", command="ls") == "p\npytest.ini\ntests"
+        assert obs("bash", command="ls") == "conftest.py\np\npytest.ini\ntests"
         assert obs("bash", command="echo hi; exit 3") == "hi\n(exit 3)"
         assert obs("bash", command="sleep 5") == "(timed out after 1.5 s)"
         assert obs("bash", command="") == "error: command must be a non-empty string, got ''"
@@ -42,7 +42,7 @@ def test_tool_errors_are_observations(task, tmp_path):
             f"error: old text not found in {path}"
         )
         assert obs("edit", path=path, old="def ", new="def  ").startswith(
-            f"error: old text occurs 3 times in {path}"
+            f"error: old text occurs 2 times in {path}"
         )
         assert obs("frobnicate").startswith("error: unknown tool 'frobnicate'; tools: bash, view")
         # the agent's files are its own: a file made in the box is in the model patch
@@ -64,3 +64,13 @@ def test_verifier_crash_is_reward_zero_with_a_counter(task, tmp_path):
     assert result.reward == 0.0 and result.reason == verify.EXCEPTION
     assert "GitError" in result.error or "FileNotFoundError" in result.error
     assert verify.failure_counts()[verify.EXCEPTION] == before + 1
+
+
+def test_hanging_tests_time_out_to_reward_zero(task, tmp_path):
+    with SweEnvironment(task, str(tmp_path), {"timeout_s": 20}, verify_timeout_s=2) as env:
+        env.reset()
+        module = task.problem_statement.split()[1].rstrip(":")
+        env.step(ToolCall("bash", {"command": f"echo 'while True: pass' >> {module}"}))
+        result = env.verify()
+    assert result.reward == 0.0 and result.error is None
+    assert result.details["timed_out"] and "timed out" in result.reason

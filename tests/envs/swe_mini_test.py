@@ -3,6 +3,7 @@ is solved by its demonstration (through the tools) and failed by an empty submis
 
 import concurrent.futures
 import dataclasses
+import subprocess
 
 import pytest
 
@@ -53,6 +54,16 @@ def test_tasks_are_short_and_shaped_by_difficulty(tasks):
     for t in tasks:
         level = t.extra["difficulty"]
         assert len(t.problem_statement) < 120, t.problem_statement
+        listing = subprocess.run(
+            ["git", "ls-tree", "-r", "-l", t.base_commit],
+            cwd=t.repo_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        sizes = {line.split()[-1]: int(line.split()[3]) for line in listing.splitlines()}
+        assert "p/__init__.py" in sizes and "pytest.ini" in sizes
+        assert max(sizes.values()) <= 400, sizes  # every file fits a tiny model's context
         changed_files = t.patch.count("diff --git")
         changed_lines = sum(
             1
@@ -84,6 +95,7 @@ def _solve_and_fail(task, workdir):
     return observations, demo, empty
 
 
+@pytest.mark.slow  # 12 tasks x 4 sandboxed pytest runs: ~15-25 s on 2 busy cores
 def test_demonstration_solves_and_empty_patch_fails_every_task(tasks, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         outcomes = list(pool.map(lambda t: _solve_and_fail(t, str(tmp_path)), tasks))
@@ -93,6 +105,10 @@ def test_demonstration_solves_and_empty_patch_fails_every_task(tasks, tmp_path):
         assert "failed" not in last_run and " passed" in last_run, last_run
         assert observations[-1].done
         assert all(not o.observation.startswith("error") for o in observations)
+        # Short enough for a ~1.5 kB context: the whole demonstration's tool output.
+        sizes = [len(o.observation) for o in observations]
+        budget = 1200 if task.extra["difficulty"] == "hard" else 700
+        assert max(sizes) <= 400 and sum(sizes) <= budget, (task.instance_id, sizes)
         # The demonstration's edits are exactly the gold patch, which resolves the task.
         assert demo.details["model_patch"] == task.patch
         assert demo.reward == 1.0 and demo.details["resolved"], (task.instance_id, demo)

@@ -186,3 +186,19 @@ def test_generate_rejects_bad_prompts(model):
         sampling.generate(model, [[97]], [key], sp)
     with pytest.raises(ValueError, match="one key per prompt"):
         sampling.generate(model, [[1], [2]], [key], sp)
+
+
+def test_next_token_logits_mixes_prefill_and_idle_rows(model):
+    """Left-padded prefill, right-padded prefill and an idle row in one call."""
+    ids = np.array([[0, 0, 7, 8, 9], [4, 5, 6, 0, 0], [0, 0, 0, 0, 0]], np.int32)
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
+
+    @jax.jit
+    def step(graphdef, state, ids, mask, cache):
+        return sampling.next_token_logits(nnx.merge(graphdef, state), ids, mask, cache)
+
+    logits, cache = step(*nnx.split(model), ids, mask, qwen3.init_cache(CFG, 3, 8))
+    assert logits.shape == (3, 97)
+    np.testing.assert_array_equal(cache.lengths, [3, 3, 0])
+    np.testing.assert_allclose(logits[0], _full_logits(model, [7, 8, 9])[-1], atol=2e-5)
+    np.testing.assert_allclose(logits[1], _full_logits(model, [4, 5, 6])[-1], atol=2e-5)

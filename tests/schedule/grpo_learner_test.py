@@ -34,8 +34,14 @@ class _Traj:
 @pytest.fixture(scope="module")
 def setup():
     cfg = qwen3.Qwen3Config(
-        vocab_size=53, hidden_size=24, intermediate_size=40, num_hidden_layers=1,
-        num_attention_heads=3, num_key_value_heads=1, head_dim=8, tie_word_embeddings=True,
+        vocab_size=53,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=True,
     )
     graphdef, params = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)

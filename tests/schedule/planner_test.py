@@ -86,17 +86,18 @@ def test_learner_loop_streams_while_rollouts_run():
         q: queue.Queue = queue.Queue()
         t0 = time.perf_counter()
 
-        def produce(q=q):
+        def produce(q=q, t0=t0):
             for k, m, r in ((0, 0, 1.0), (0, 1, 0.0), (1, 0, 1.0)):
                 q.put(_item(k, m, r, time.perf_counter() - t0))
                 time.sleep(0.05)
             q.put(MemberFailed(group=1, reason="engine gave up"))
 
-        processed, starts = [], []
+        processed: list = []
+        starts: list = []
         th = threading.Thread(target=produce)
         th.start()
         stats = run_learner_batch(
-            p, q, lambda c: processed.extend(c), on_chunk=lambda c, s, e: starts.append(s)
+            p, q, processed.extend, on_chunk=lambda c, s, e, st=starts: st.append(s)
         )
         th.join()
         assert sorted(it.item_id for it in processed) == ["g0m0", "g0m1", "g1m0"]

@@ -69,8 +69,10 @@ def test_schedules_reach_the_same_parameters(runs):
     for schedule in ("group", "stream"):
         d = _dist(_final(wd[schedule]), sync)
         assert d <= 1e-3 * moved, (schedule, d, moved)
-    rewards = {s: [m["reward_mean"] for m in read_metrics(os.path.join(wd[s], "metrics.jsonl"))]
-               for s in ("sync", "group", "stream")}
+    rewards = {
+        s: [m["reward_mean"] for m in read_metrics(os.path.join(wd[s], "metrics.jsonl"))]
+        for s in ("sync", "group", "stream")
+    }
     assert rewards["sync"] == rewards["group"] == rewards["stream"]
     assert len(rewards["sync"]) == STEPS
 
@@ -91,14 +93,27 @@ def test_sigkill_and_resume_ends_at_same_parameters(runs):
     base, wd = runs
     work = str(base / "killed")
     cmd = [
-        sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
-        f"--workdir={work}", "--config.schedule=sync", f"--config.num_steps={STEPS}",
-        "--config.seed=42", f"--config.sft.cache_dir={base / 'sft'}",
-        f"--config.rollout.snapshot_root={base / 'shm'}", "--config.checkpoint.every=1",
+        sys.executable,
+        "-m",
+        "experiments.swe_grpo",
+        "--config=configs/cpu.py:smoke",
+        f"--workdir={work}",
+        "--config.schedule=sync",
+        f"--config.num_steps={STEPS}",
+        "--config.seed=42",
+        f"--config.sft.cache_dir={base / 'sft'}",
+        f"--config.rollout.snapshot_root={base / 'shm'}",
+        "--config.checkpoint.every=1",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ckpt0 = os.path.join(work, "checkpoints", "1")
     deadline = time.time() + 240
     while not os.path.isdir(ckpt0) and time.time() < deadline and proc.poll() is None:

@@ -54,3 +54,20 @@ def test_bad_inputs_are_rejected():
         CostModel(0.0, 0.0, buckets=(256, 128))
     with pytest.raises(ValueError, match="tokens=-3"):
         CostModel(0.0, 0.0).padded(-3)
+
+
+def test_row_padding_area_and_fit():
+    c = CostModel(0.2, 0.001, buckets=(16, 32, 64), row_padding=True)
+    assert c.padded_area([10]) == 16
+    assert c.padded_area([10, 40]) == 2 * 64
+    assert c.padded_area([1, 1, 1]) == 4 * 16
+    assert CostModel(0.2, 0.001, buckets=(16, 32, 64)).padded_area([10, 40]) == 64
+    areas = [c.padded_area(lens) for lens in ([10], [40], [10, 40], [3, 3, 3, 3, 3])]
+    fitted = CostModel.fit(
+        [(a, 0.2 + 0.001 * a) for a in areas], buckets=(16, 32, 64), row_padding=True
+    )
+    assert fitted.fixed_s == pytest.approx(0.2)
+    assert fitted.per_token_s == pytest.approx(0.001)
+    assert fitted.row_padding
+    with pytest.raises(ValueError, match="at least one"):
+        c.padded_area([])

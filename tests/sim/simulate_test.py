@@ -116,9 +116,11 @@ def test_stream_priority_closed_then_differing_then_open():
         Chunk(3.0, 4.0, "differing", (2,)),  # g1, oldest first
         Chunk(4.0, 5.0, "differing", (3,)),
         Chunk(5.0, 6.0, "open", (1,)),
-        Chunk(10.0, 11.0, "closed", (7, 8)),  # all closed at 10: oldest pending first
-        Chunk(11.0, 12.0, "closed", (9,)),
-        Chunk(12.0, 13.0, "closed", (10, 11)),
+        # All closed at 10 and arrived together: ties go by member, so g0 (head: member 1)
+        # and g3 (member 1) run before g1 (member 2).
+        Chunk(10.0, 11.0, "closed", (7, 8)),
+        Chunk(11.0, 12.0, "closed", (10, 11)),
+        Chunk(12.0, 13.0, "closed", (9,)),
     ]
     # After 5–6: g0 (1 of 3), g1 (2 of 3), g3 (1 of 3) hold partial tallies.
     assert r.open_groups_peak == 3
@@ -233,3 +235,26 @@ def test_sync_runs_groups_in_fixed_order_not_arrival_order():
     assert [c.ids for c in r.chunks[:2]] == [(1,), (0,)]
     r = sim.simulate(trace, "group", UNIT, max_chunk_tokens=100)
     assert [c.ids for c in r.chunks[:2]] == [(0,), (1,)]  # FIFO by group completion
+
+
+def test_group_ties_in_completion_time_go_by_member():
+    # Both groups complete at t = 5; the planner orders by (completion time, member),
+    # so members interleave across the two groups.
+    trace = [
+        Arrival(0, 0, 0, 1.0, 10, 1.0),
+        Arrival(1, 0, 1, 5.0, 10, 0.0),
+        Arrival(2, 1, 0, 5.0, 10, 1.0),
+        Arrival(3, 1, 1, 2.0, 10, 0.0),
+    ]
+    r = sim.simulate(trace, "group", UNIT, max_chunk_tokens=100)
+    assert [c.ids for c in r.chunks[:-2]] == [(0,), (2,), (1,), (3,)]
+    assert [c.start for c in r.chunks[:-2]] == [5.0, 6.0, 7.0, 8.0]
+
+
+def test_row_padding_charges_the_padded_block():
+    # Three rows of 10, 20 and 5 tokens run as a [4, 32] block.
+    cost = CostModel(fixed_s=1.0, per_token_s=0.01, buckets=(16, 32), row_padding=True)
+    trace = [Arrival(i, 0, i, 1.0, n, 1.0) for i, n in enumerate((10, 20, 5))]
+    r = sim.simulate(trace, "sync", cost, max_chunk_tokens=100)
+    assert [c.ids for c in r.chunks[:-2]] == [(0, 1, 2)]
+    assert r.learner_work_s == pytest.approx(1.0 + 0.01 * 4 * 32)

@@ -172,9 +172,11 @@ def bucket_advantages(
 
         return branch
 
-    adv = jax.lax.switch(
-        jnp.clip(count - 1, 0, size - 1), [for_size(n) for n in range(1, size + 1)], rewards
-    )
+    index = jnp.clip(count - 1, 0, size - 1)
+    if isinstance(index, jax.core.Tracer):
+        adv = jax.lax.switch(index, [for_size(n) for n in range(1, size + 1)], rewards)
+    else:  # eager: run only this size's branch instead of compiling all of them
+        adv = for_size(int(index) + 1)(rewards)
     members = jnp.arange(size) < count
     match = (rewards[None, :] == bucket_values[:, None]) & members[None, :]
     first = jnp.argmax(match, axis=1)

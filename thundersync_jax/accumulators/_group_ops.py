@@ -2,9 +2,7 @@
 
 Every function here is jnp-only and traceable with group, reward, num_tokens
 and count as tracers: decisions are masks, `jnp.where` and `lax.cond`. The
-public wrappers in `_grpo.py` add eager validation on top, and run these
-functions through one cached `jax.jit` per configuration when called eagerly
-(op-by-op dispatch of the bookkeeping would cost tens of milliseconds per add).
+public wrappers in `_grpo.py` add eager validation on top.
 """
 
 from __future__ import annotations
@@ -15,6 +13,17 @@ import jax.numpy as jnp
 from thundersync_jax.accumulators import _errors
 from thundersync_jax.accumulators._advantages import bucket_advantages
 from thundersync_jax.accumulators._group_state import CLOSED, NEW, OPEN, GroupConfig, GroupState
+
+
+def cond(pred, true_fn, false_fn, operand):
+    """`lax.cond` under a trace; a plain Python branch when `pred` is concrete.
+
+    Eagerly, `lax.cond` would trace and compile both branches on every call
+    (the closures are new each time), which made an eager add cost seconds.
+    """
+    if isinstance(pred, jax.core.Tracer):
+        return jax.lax.cond(pred, true_fn, false_fn, operand)
+    return true_fn(operand) if bool(pred) else false_fn(operand)
 
 
 def record_error(cfg: GroupConfig, state: GroupState, code, group, reward, count) -> GroupState:
@@ -120,7 +129,7 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         open_peak=jnp.maximum(state.open_peak, jnp.sum(status_now == OPEN).astype(jnp.int32)),
     )
     full = ok & (state.members[k] == size)
-    state = jax.lax.cond(full, lambda s: close_group(cfg, s, k), lambda s: s, state)
+    state = cond(full, lambda s: close_group(cfg, s, k), lambda s: s, state)
     return state, code
 
 
@@ -167,7 +176,7 @@ def close_group(cfg: GroupConfig, state: GroupState, k) -> GroupState:
     """Marks group k closed; an open group's tallies fold into `total` (group scope)."""
     if not cfg.batch_scope:
         has_slot = state.slot_of_group[k] >= 0
-        state = jax.lax.cond(has_slot, lambda s: _fold_slot(cfg, s, k), lambda s: s, state)
+        state = cond(has_slot, lambda s: _fold_slot(cfg, s, k), lambda s: s, state)
     return state._replace(status=state.status.at[k].set(CLOSED))
 
 
@@ -179,7 +188,7 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     code = jnp.where(in_range, 0, _errors.GROUP_OUT_OF_RANGE).astype(jnp.int32)
     state = record_error(cfg, state, code, group, jnp.float32(0.0), 1)
     todo = in_range & (state.status[k] != CLOSED)
-    return jax.lax.cond(todo, lambda s: close_group(cfg, s, k), lambda s: s, state), code
+    return cond(todo, lambda s: close_group(cfg, s, k), lambda s: s, state), code
 
 
 def finalize(cfg: GroupConfig, state: GroupState):

@@ -10,11 +10,9 @@ the optimizer step) to raise the recorded error with the same message.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
 from thundersync_jax.accumulators import _errors, _group_ops
@@ -55,15 +53,6 @@ class GroupAccumulator(NamedTuple):
     config: GroupConfig
 
 
-@functools.lru_cache(maxsize=64)
-def _compiled(cfg: GroupConfig):
-    """Jitted add, close and finalize for eager calls, shared by equal configurations."""
-    add = jax.jit(functools.partial(_group_ops.add, cfg), static_argnames="weighted")
-    close = jax.jit(functools.partial(_group_ops.close, cfg))
-    finalize = jax.jit(functools.partial(_group_ops.finalize, cfg))
-    return add, close, finalize
-
-
 def _open_groups(state: GroupState) -> list[int]:
     return [int(k) for k in np.flatnonzero(np.asarray(state.status) == OPEN)]
 
@@ -80,7 +69,7 @@ def _message(cfg: GroupConfig, state: GroupState, code: int, group, reward, grad
     )
     if code & _errors.NONFINITE_GRAD and grad is not None:
         text += f" (first bad leaf: {_errors.first_nonfinite_leaf(grad)})"
-    if code & _errors.TOO_MANY_OPEN_GROUPS:
+    if code & _errors.TOO_MANY_OPEN_GROUPS and grad is not None:  # eager: state is current
         text += f" (open groups: {_open_groups(state)})"
     return text
 
@@ -167,21 +156,10 @@ def grpo(
 
     def _add(where, state, group, reward, grad, num_tokens, count, weighted):
         _errors.check_structure(where, state.total, grad)
-        if _errors.is_traced(state, group, reward, grad, num_tokens, count):
-            new_state, _ = _group_ops.add(
-                cfg, state, group, reward, grad, num_tokens, count, weighted=weighted
-            )
-        else:
-            # Fixed dtypes, so a Python int reward does not compile a second version.
-            new_state, code = _compiled(cfg)[0](
-                state,
-                np.int32(group),
-                np.float32(reward),
-                grad,
-                np.int32(num_tokens),
-                np.int32(count),
-                weighted=weighted,
-            )
+        new_state, code = _group_ops.add(
+            cfg, state, group, reward, grad, num_tokens, count, weighted=weighted
+        )
+        if not _errors.is_traced(state, group, reward, grad, num_tokens, count):
             code = int(code)
             dropped = cfg.on_invalid == "drop" and not code & ~_errors.DROPPABLE
             if code and not dropped:
@@ -198,19 +176,16 @@ def grpo(
 
     def close(state: GroupState, group) -> GroupState:
         """Closes a group that will get no more members (idempotent)."""
-        if _errors.is_traced(state, group):
-            return _group_ops.close(cfg, state, group)[0]
-        new_state, code = _compiled(cfg)[1](state, np.int32(group))
-        if int(code):
+        new_state, code = _group_ops.close(cfg, state, group)
+        if not _errors.is_traced(state, group) and int(code):
             raise ValueError(f"close: {_message(cfg, state, int(code), group, 0.0)}")
         return new_state
 
     def finalize(state: GroupState):
         """∇L = −(1/Z) Σ_i A_i w_i h_i, float32, shaped like params."""
-        if _errors.is_traced(state):
-            return _group_ops.finalize(cfg, state)
-        check(cfg, state)
-        return _compiled(cfg)[2](state)
+        if not _errors.is_traced(state):
+            check(cfg, state)
+        return _group_ops.finalize(cfg, state)
 
     def loss_weight(num_tokens):
         """w_i of this accumulator's loss_agg mode."""

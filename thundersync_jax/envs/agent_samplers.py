@@ -44,7 +44,7 @@ class GenerateSampler:
         model: Any,
         params: sampling.SamplingParams,
         pad_id: int,
-        policy_version: int = 0,
+        policy_version: int = -1,
         max_batch: int = 8,
         batch_wait_s: float = 0.005,
     ):
@@ -52,7 +52,8 @@ class GenerateSampler:
         model: a `qwen3.Qwen3` (or anything `sampling.generate` accepts).
         params: temperature, top_p and stop ids; `max_new_tokens` is set per request.
         pad_id: padding id for batched prompts.
-        policy_version: reported with every sample; `set_model` updates it.
+        policy_version: reported with every sample; `set_model` updates it. -1, as for the
+          rollout engine, means initial weights that were never published.
         max_batch: most requests per `generate` call.
         batch_wait_s: how long the worker waits for more requests before running a batch.
         """
@@ -76,34 +77,34 @@ class GenerateSampler:
             self.model, self.policy_version = model, policy_version
 
     def sample(self, prompt_tokens: Sequence[int], key_ids: TurnKey, max_new_tokens: int) -> Sample:
-        if self._closed:
-            raise RuntimeError("GenerateSampler is closed")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((list(prompt_tokens), TurnKey(*key_ids), int(max_new_tokens), future))
-        self._start_worker()
+        with self._lock:  # closing and enqueueing exclude each other: nothing is left behind
+            if self._closed:
+                raise RuntimeError("GenerateSampler is closed")
+            self._queue.put((list(prompt_tokens), TurnKey(*key_ids), int(max_new_tokens), future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="generate-sampler")
+                self._worker.daemon = True
+                self._worker.start()
         return future.result()
 
     def close(self) -> None:
-        """Stops the worker thread (pending requests still finish)."""
-        self._closed = True
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join()
-            self._worker = None
+        """Stops the worker thread once the requests already queued are answered."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            worker = self._worker
+            if worker is not None:
+                self._queue.put(None)
+        if worker is not None:
+            worker.join()
 
     def __enter__(self) -> GenerateSampler:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _start_worker(self) -> None:
-        with self._lock:
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._run, name="generate-sampler", daemon=True
-                )
-                self._worker.start()
 
     def _run(self) -> None:
         while True:

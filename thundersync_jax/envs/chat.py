@@ -17,6 +17,7 @@ text equals `render()` of the whole conversation.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -77,11 +78,18 @@ def tool_schema(spec: ToolSpec) -> dict[str, Any]:
     }
 
 
-class ChatFormat:
-    """Renders conversations to text; subclasses fix the markers and the tool listing."""
+class ChatFormat(abc.ABC):
+    """Renders conversations to text; subclasses fix the markers and the tool listing.
+
+    Attributes:
+      name: the format's name (a tokenizer's `chat_format`).
+      end_of_turn: the marker that closes every turn (a stop token of the sampler).
+      after_turn: text `render()` writes after each end-of-turn marker.
+    """
 
     name: str
     end_of_turn: str = IM_END
+    after_turn: str = ""
 
     def render(
         self,
@@ -134,7 +142,7 @@ class ChatFormat:
         next assistant header. Equal to the matching slice of `render()`."""
         body = "".join(self._tool_result(o) for o in observations)
         return (
-            self._after_turn
+            self.after_turn
             + self._tool_turn_open()
             + body
             + self._turn_close()
@@ -143,35 +151,37 @@ class ChatFormat:
 
     # Format-specific pieces.
     _call_separator = "\n"
-    _after_turn = ""
 
+    @abc.abstractmethod
     def system_text(self, system: str | None, tools: Sequence[ToolSpec]) -> str:
-        raise NotImplementedError
+        """The system turn: the system message and the tool listing ('' when both absent)."""
 
+    @abc.abstractmethod
     def generation_prompt(self) -> str:
-        raise NotImplementedError
+        """The assistant header the model continues from."""
 
+    @abc.abstractmethod
     def format_call(self, call: ToolCall) -> str:
-        raise NotImplementedError
+        """One tool call as the model writes it."""
 
-    def _turn_open(self, role: str) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _turn_open(self, role: str) -> str: ...
 
     def _turn_close(self) -> str:
-        return self.end_of_turn + self._after_turn
+        return self.end_of_turn + self.after_turn
 
     def _tool_turn_open(self) -> str:
         return self._turn_open("user")
 
-    def _tool_result(self, content: str) -> str:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _tool_result(self, content: str) -> str: ...
 
 
 class Qwen3Format(ChatFormat):
     """Qwen3's chat template (non-thinking rendering of assistant content, kept verbatim)."""
 
     name = "qwen3"
-    _after_turn = "\n"
+    after_turn = "\n"
     _TOOLS_HEADER = (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"

@@ -16,6 +16,7 @@ safetensors directory written by `qwen3.save_pretrained`) instead of retraining.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -122,7 +123,7 @@ def train_sft(
       steps, learning_rate, batch_size, weight_decay: AdamW with warmup-cosine decay,
         global-norm clipping at 1.
       seed: initialization and batch order.
-      init_from: optional HF checkpoint directory to start from.
+      init_from: optional HF checkpoint directory to start from (keyed by its path).
       name: cache entry prefix, e.g. "student" or "teacher".
       progress: show a tqdm bar.
     """
@@ -163,7 +164,7 @@ def train_sft(
         logits = nnx.merge(graphdef, p, rest)(batch_tokens[:, :-1])
         return next_token_loss(logits, batch_tokens, batch_mask)
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(p, state, batch_tokens, batch_mask):
         loss, grads = jax.value_and_grad(loss_fn)(p, batch_tokens, batch_mask)
         updates, state = optimizer.update(grads, state, p)
@@ -188,11 +189,18 @@ def train_sft(
 
 
 def train_sft_from_config(
-    config, examples: Sequence[SFTExample], workdir: str, name: str = "student", progress=True
+    config,
+    examples: Sequence[SFTExample],
+    workdir: str,
+    name: str = "student",
+    model_section=None,
+    progress: bool = True,
 ) -> SFTResult:
-    """`train_sft` with the architecture from `config.model` and hyperparameters from
-    `config.sft` (steps, learning_rate, batch_size) and `config.seed`."""
-    cfg = qwen3.Qwen3Config.from_config_dict(config.model)
+    """`train_sft` with hyperparameters from `config.sft` (steps, learning_rate, batch_size)
+    and `config.seed`, and the architecture from `model_section` (default `config.model`;
+    pass e.g. a teacher's model section to warm-start the teacher)."""
+    model_section = config.model if model_section is None else model_section
+    cfg = qwen3.Qwen3Config.from_config_dict(model_section)
     return train_sft(
         cfg,
         examples,
@@ -201,7 +209,7 @@ def train_sft_from_config(
         learning_rate=float(config.sft.learning_rate),
         batch_size=int(config.sft.batch_size),
         seed=int(config.seed),
-        init_from=str(config.model.checkpoint or ""),
+        init_from=str(model_section.get("checkpoint", "") or ""),
         name=name,
         progress=progress,
     )

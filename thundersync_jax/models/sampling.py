@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from thundersync_jax.models import qwen3
 
@@ -145,6 +145,27 @@ def sample_token(
     return tokens, jnp.where(greedy, 0.0, token_logp)
 
 
+def next_token_logits(
+    model: qwen3.Qwen3,
+    input_ids: Int[Array, "B T"],
+    attention_mask: Bool[Array, "B T"],
+    cache: qwen3.KVCache,
+) -> tuple[Float[Array, "B V"], qwen3.KVCache]:
+    """Appends each row's real tokens to its cache row and returns the logits after its last one.
+
+    The building block of prefill, decode and continuous batching: in one call some rows can
+    prefill a prompt (T real tokens), others decode (1 real token + padding) and others idle
+    (all padding; their logits are meaningless and their cache row is untouched). Only the
+    [B, V] logits of the last real token of each row are computed, never [B, T, V].
+    """
+    attention_mask = jnp.asarray(attention_mask, bool)
+    hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache)
+    t = attention_mask.shape[1]
+    last = t - 1 - jnp.argmax(attention_mask[:, ::-1], axis=1)  # index of the last True
+    hidden_last = hidden[jnp.arange(hidden.shape[0]), last]  # [B, D]
+    return model.logits_from_hidden(hidden_last[:, None])[:, 0], cache
+
+
 def _bucket(n: int, minimum: int) -> int:
     """Next power of two >= max(n, minimum): bounds the number of compiled shapes."""
     return max(minimum, 1 << (max(n, 1) - 1).bit_length())
@@ -178,8 +199,11 @@ class _LoopState(NamedTuple):
 
 @jax.jit
 def _generate_loop(graphdef, state, ids, lengths, key_data, temperature, top_p, stop, max_new, out):
-    """Prefill + while-loop decode. `out` [B, M] (filled with pad_id) fixes the output width M;
-    max_new <= M is traced so several max_new_tokens share one compilation."""
+    """Prefill, then decode in a while loop until every row is done.
+
+    `out` [B, M] (filled with pad_id) fixes the output width M; max_new <= M is traced, so
+    several max_new_tokens share one compilation.
+    """
     global _generate_traces
     _generate_traces += 1
     model = nnx.merge(graphdef, state)
@@ -188,11 +212,9 @@ def _generate_loop(graphdef, state, ids, lengths, key_data, temperature, top_p, 
     keys = jax.random.wrap_key_data(key_data)
     mask = jnp.arange(t)[None, :] < lengths[:, None]
     cache = qwen3.init_cache(model.cfg, b, t + m, model.dtype)
-    hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
-    last = hidden[jnp.arange(b), jnp.maximum(lengths - 1, 0)]  # [B, D]
+    logits, cache = next_token_logits(model, ids, mask, cache)
 
-    def sample_at(hidden_1, position):
-        logits = model.logits_from_hidden(hidden_1[:, None])[:, 0]  # [B, V]
+    def sample_at(logits, position):
         return sample_token(logits, jax.vmap(token_key)(keys, position), temperature, top_p)
 
     def record(s: _LoopState, token, logprob) -> _LoopState:
@@ -212,7 +234,7 @@ def _generate_loop(graphdef, state, ids, lengths, key_data, temperature, top_p, 
             stopped=s.stopped | hit_stop,
         )
 
-    token, logprob = sample_at(last, lengths)
+    token, logprob = sample_at(logits, lengths)
     init = _LoopState(
         step=jnp.int32(0),
         cache=cache,
@@ -230,10 +252,8 @@ def _generate_loop(graphdef, state, ids, lengths, key_data, temperature, top_p, 
 
     def body(s: _LoopState) -> _LoopState:
         # Finished rows feed padding: their cache rows are left as they are.
-        hidden, cache = model.hidden_states(
-            s.token[:, None], attention_mask=~s.done[:, None], cache=s.cache
-        )
-        token, logprob = sample_at(hidden[:, 0], lengths + s.step)
+        logits, cache = next_token_logits(model, s.token[:, None], ~s.done[:, None], s.cache)
+        token, logprob = sample_at(logits, lengths + s.step)
         return record(s._replace(cache=cache), token, logprob)
 
     final = jax.lax.while_loop(cond, body, init)

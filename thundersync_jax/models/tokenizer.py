@@ -173,10 +173,9 @@ class HFTokenizer:
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
-        ids = [self.special_ids[IM_END]] if IM_END in self.special_ids else []
-        if self.eos_id not in ids:
-            ids.append(self.eos_id)
-        return tuple(ids)
+        # End of turn, the tokenizer's eos, and <|endoftext|> (a base model's document end).
+        candidates = [self.special_ids.get(IM_END), self.eos_id, self.special_ids.get(ENDOFTEXT)]
+        return tuple(dict.fromkeys(i for i in candidates if i is not None))
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` without added BOS/EOS (the chat template places every marker)."""

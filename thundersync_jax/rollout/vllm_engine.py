@@ -81,6 +81,8 @@ def snapshot_to_hf_state_dict(
 def _to_torch(array: np.ndarray):
     import torch
 
+    if not array.flags.writeable:  # torch warns on read-only buffers (e.g. views of jax arrays)
+        array = array.copy()
     if array.dtype.name == "bfloat16":  # torch cannot read ml_dtypes' bfloat16 directly
         return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(array))

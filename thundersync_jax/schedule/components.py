@@ -6,17 +6,21 @@ file as the plumbing (which task family, which engine, where files go).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
 
 from thundersync_jax import metrics
 from thundersync_jax.envs import agent_demos, agent_loop, verify
+from thundersync_jax.envs.agent_samplers import EngineSampler
 from thundersync_jax.envs.swe import instance as swe_instance
 from thundersync_jax.envs.swe import mini_swe
 from thundersync_jax.envs.swe.environment import SweEnvironment
 from thundersync_jax.learner import sft
-from thundersync_jax.models import qwen3
+from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.rollout.manager import EngineManager
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ def make_env(config, task, workdir: str) -> SweEnvironment:
 
 
 def env_factory(config, tasks: list, workdir: str, step: int):
-    """(group, member) -> Environment for `step`: group k of step n is task (n·K + k) mod |tasks|."""
+    """Environment factory for `step`: group k of step n uses task (n·K + k) mod |tasks|."""
     k_per_step = int(config.rl.num_groups)
 
     def make(group: int, member: int):
@@ -105,3 +109,57 @@ def save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Timel
         os.makedirs(out, exist_ok=True)
         metrics.plot_timeline(timeline, os.path.join(out, f"step{step:05d}.png"))
         metrics.write_chrome_trace(timeline, os.path.join(out, f"step{step:05d}.trace.json"))
+
+
+class EngineFleet:
+    """The run's rollout engines (own processes) and the sampler the agent loop calls.
+
+    `publish(params, version)` writes the Orbax snapshot to shared memory and returns
+    only when every engine acknowledged `version`: the next batch can then never be
+    sampled by stale weights. Dead engines are restarted by the manager, reloaded with
+    the current snapshot and their in-flight requests retried with the same keys.
+    """
+
+    def __init__(self, config, workdir: str, tok, model_cfg: qwen3.Qwen3Config):
+        ro = config.rollout
+        server_args = [
+            "--engine",
+            ro.engine,
+            "--model-config",
+            json.dumps(model_cfg.to_hf()),
+            "--max-batch",
+            str(int(ro.max_batch)),
+            "--max-seq-len",
+            str(int(ro.max_traj_tokens)),
+            "--dtype",
+            str(config.model.dtype),
+            "--param-dtype",
+            str(config.model.param_dtype),
+        ]
+        self.manager = EngineManager(
+            server_args,
+            num_engines=int(ro.num_engines),
+            request_timeout_s=float(ro.request_timeout_s),
+        )
+        self.manager.start()
+        run = (
+            os.path.basename(workdir.rstrip("/"))
+            + "-"
+            + hashlib.sha1(workdir.encode()).hexdigest()[:8]
+        )
+        self.root = os.path.join(ro.snapshot_root, run)
+        self.sampler = EngineSampler(
+            self.manager,
+            sampling.SamplingParams(
+                temperature=float(ro.temperature),
+                top_p=float(ro.top_p),
+                max_new_tokens=int(ro.max_new_tokens_per_turn),
+                stop_token_ids=tuple(tok.stop_ids),
+            ),
+        )
+
+    def publish(self, params, version: int) -> str:
+        return self.manager.publish(params, int(version), self.root)
+
+    def close(self) -> None:
+        self.manager.close()

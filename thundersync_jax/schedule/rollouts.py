@@ -74,9 +74,7 @@ def launch_batch(
             turns=len(traj.turns),
         )
         out.put(
-            WorkItem(
-                f"g{k}m{m}", k, reward, n_loss, end - timeline.start_s, payload=traj, member=m
-            )
+            WorkItem(f"g{k}m{m}", k, reward, n_loss, end - timeline.start_s, payload=traj, member=m)
         )
 
     def supervise() -> None:

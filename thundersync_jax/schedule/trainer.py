@@ -14,10 +14,12 @@ command resumes from the newest whole checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import queue
+from typing import Any
 
 import jax
 import numpy as np
@@ -61,6 +63,20 @@ def export_final(graphdef, params, workdir: str) -> str:
     path = os.path.join(workdir, "final")
     qwen3.save_pretrained(nnx.merge(graphdef, params), path)
     return path
+
+
+@dataclasses.dataclass
+class _Run:
+    """What every step needs: the fixed pieces of one training run."""
+
+    config: Any
+    workdir: str
+    tasks: list
+    tok: Any
+    fleet: Any
+    learner: GrpoLearner
+    limits: agent_loop.LoopLimits
+    apply_update: Any
 
 
 def train(config, workdir: str) -> dict:
@@ -113,28 +129,31 @@ def train(config, workdir: str) -> dict:
         remat=bool(config.model.remat),
         pad_id=tok.pad_id,
     )
-    learner = GrpoLearner(acc, score_fn, tok.pad_id, enforce_version=config.schedule != "async")
-    apply_update = make_apply_update(optimizer)
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
     progress = metrics.StepProgress(
         config.num_steps, desc=f"grpo/{config.schedule}", initial=first_step
     )
-    fleet = setup.EngineFleet(config, workdir, tok)
+    fleet = setup.EngineFleet(config, workdir, tok, model.cfg)
+    run = _Run(
+        config=config,
+        workdir=workdir,
+        tasks=tasks,
+        tok=tok,
+        fleet=fleet,
+        learner=GrpoLearner(acc, score_fn, tok.pad_id, enforce_version=config.schedule != "async"),
+        limits=agent_loop.LoopLimits.from_config(config.rollout),
+        apply_update=make_apply_update(optimizer),
+    )
     last: dict = {}
     try:
         fleet.publish(state.params, first_step)
         pending = None  # async: the next batch's rollouts, already running
         for step in range(first_step, config.num_steps):
-            last = _train_step(
-                step, config, workdir, state, tasks, tok, fleet, learner, limits, pending
-            )
-            state, pending = last.pop("_state"), last.pop("_pending")
+            state, pending, last = _train_step(run, step, state, pending)
             writer.write(step, last)
             progress.update(last)
-            if config.checkpoint.every and (
-                (step + 1) % config.checkpoint.every == 0 or step + 1 == config.num_steps
-            ):
+            every = int(config.checkpoint.every)
+            if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
                 ckpt.save(state)
         if pending is not None:
             pending["thread"].join()
@@ -147,40 +166,42 @@ def train(config, workdir: str) -> dict:
     return last
 
 
-def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits, pending):
-    """One batch: rollouts, streamed learner work, optimizer step, publication."""
-    rl = config.rl
+def _launch(run: _Run, step: int, timeline: metrics.Timeline) -> dict:
+    """Starts every episode of `step`; returns its arrival queue, thread and timeline."""
+    config, rl = run.config, run.config.rl
+    q: queue.Queue = queue.Queue()
+    thread = rollouts.launch_batch(
+        step=step,
+        seed=int(config.seed),
+        group_size=rl.group_size,
+        num_groups=rl.num_groups,
+        make_env=setup.env_factory(config, run.tasks, run.workdir, step),
+        sampler=run.fleet.sampler,
+        tok=run.tok,
+        limits=run.limits,
+        out=q,
+        timeline=timeline,
+        max_concurrency=int(config.rollout.max_batch),
+    )
+    return {"queue": q, "thread": thread, "timeline": timeline}
+
+
+def _train_step(run: _Run, step: int, state, pending):
+    """One batch: rollouts, streamed learner work, optimizer step, publication.
+
+    Returns (new state, the async pipeline's next batch or None, the step's metrics).
+    """
+    config, rl = run.config, run.config.rl
     version = int(state.step)
-    timeline = metrics.Timeline(schedule=config.schedule)
-
-    def launch(for_step: int, tl: metrics.Timeline):
-        q: queue.Queue = queue.Queue()
-        thread = rollouts.launch_batch(
-            step=for_step,
-            seed=int(config.seed),
-            group_size=rl.group_size,
-            num_groups=rl.num_groups,
-            make_env=setup.env_factory(config, tasks, workdir, for_step),
-            sampler=fleet.sampler,
-            tok=tok,
-            limits=limits,
-            out=q,
-            timeline=tl,
-            max_concurrency=int(config.rollout.max_batch),
-        )
-        return {"queue": q, "thread": thread, "timeline": tl}
-
     if config.schedule == "async":
         # Rollouts of step n+1 run on policy n while the learner trains step n.
-        current = pending if pending is not None else launch(step, timeline)
-        timeline = current["timeline"]
-        nxt = (
-            launch(step + 1, metrics.Timeline(schedule="async"))
-            if step + 1 < config.num_steps
-            else None
-        )
+        current = pending or _launch(run, step, metrics.Timeline(schedule="async"))
+        nxt = None
+        if step + 1 < config.num_steps:
+            nxt = _launch(run, step + 1, metrics.Timeline(schedule="async"))
     else:
-        current, nxt = launch(step, timeline), None
+        current, nxt = _launch(run, step, metrics.Timeline(schedule=config.schedule)), None
+    timeline = current["timeline"]
 
     planner = Planner(
         config.schedule,
@@ -189,6 +210,7 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
         _max_chunk_tokens(config),
         rl.max_open_groups or None,
     )
+    learner = run.learner
     learner.begin(state.params, version)
     stats = run_learner_batch(
         planner,
@@ -205,24 +227,24 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
         timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
     )
     current["thread"].join()
-    rewards = learner.rewards
 
     with timeline.span(metrics.OPT):
         grads = learner.finalize()
-        new_state, finite, grad_norm = apply_update(state, grads)
+        new_state, finite, grad_norm = run.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
     if not bool(finite):
         log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
     with timeline.span(metrics.PUBLISH):
-        fleet.publish(new_state.params, int(new_state.step))
+        run.fleet.publish(new_state.params, int(new_state.step))
 
+    rewards = sorted(learner.rewards)  # sorted: the mean must not depend on arrival order
     out = metrics.step_metrics(timeline)
     out.update(
         step=step,
         max_policy_lag=int(learner.max_lag),
         open_groups_peak=int(planner.open_groups_peak),
         accum_bytes_peak=int(_tree_bytes(learner.state)),
-        reward_mean=float(np.mean(sorted(rewards))) if rewards else 0.0,
+        reward_mean=float(np.mean(rewards)) if rewards else 0.0,
         tokens=int(learner.tokens),
         compiles=int(chunks.total_compiles()),
         grad_norm=float(grad_norm),
@@ -230,9 +252,8 @@ def _train_step(step, config, workdir, state, tasks, tok, fleet, learner, limits
         rollout_failures=len(stats.failures),
         verifier_failures=setup.verifier_failure_count(),
     )
-    setup.save_step_artifacts(config, workdir, step, timeline)
-    out["_state"], out["_pending"] = new_state, nxt
-    return out
+    setup.save_step_artifacts(config, run.workdir, step, timeline)
+    return new_state, nxt, out
 
 
 def _tree_bytes(tree) -> int:

@@ -18,12 +18,18 @@ class CostModel:
     bucket it rounds up to a multiple of the largest (the learner then runs several
     full-bucket calls). With no buckets nothing is padded.
 
+    With `row_padding=True` a chunk is costed the way `learner.chunks` runs it:
+    one row per trajectory, rows padded to the next power of two and every row to
+    the bucket of the longest, so `chunk_cost(lengths)` charges
+    per_token_s · rows_pad · padded(max(lengths)).
+
     Attributes:
       fixed_s: per-chunk overhead (dispatch, host-device transfer, accumulate).
       per_token_s: seconds per padded token (forward + backward).
       opt_s: the optimizer step at the end of the batch.
       pub_s: publishing the new weights to the rollout side.
       buckets: ascending padded token counts; () for no padding.
+      row_padding: cost packed chunks as padded [rows, length] blocks (see above).
     """
 
     fixed_s: float
@@ -31,6 +37,7 @@ class CostModel:
     opt_s: float = 0.0
     pub_s: float = 0.0
     buckets: tuple[int, ...] = ()
+    row_padding: bool = False
 
     def __post_init__(self):
         for name in ("fixed_s", "per_token_s", "opt_s", "pub_s"):
@@ -57,8 +64,21 @@ class CostModel:
         return -(-tokens // top) * top
 
     def chunk_s(self, tokens: int) -> float:
-        """Seconds of learner work for one chunk of `tokens` (unpadded) tokens."""
+        """Seconds of learner work for one chunk of `tokens` (unpadded) tokens as one row."""
         return self.fixed_s + self.per_token_s * self.padded(tokens)
+
+    def padded_area(self, lengths: Sequence[int]) -> int:
+        """Tokens the learner runs for a chunk whose trajectories have these lengths."""
+        if not lengths:
+            raise ValueError("a chunk needs at least one trajectory")
+        if not self.row_padding:
+            return self.padded(int(sum(lengths)))
+        rows = 1 << (len(lengths) - 1).bit_length()  # as learner.buckets.bucket_rows
+        return rows * self.padded(int(max(lengths)))
+
+    def chunk_cost(self, lengths: Sequence[int]) -> float:
+        """Seconds of learner work for one chunk of trajectories with these token counts."""
+        return self.fixed_s + self.per_token_s * self.padded_area(lengths)
 
     @classmethod
     def fit(
@@ -68,18 +88,23 @@ class CostModel:
         opt_s: float = 0.0,
         pub_s: float = 0.0,
         buckets: Sequence[int] = (),
+        row_padding: bool = False,
     ) -> CostModel:
         """Least-squares fit of fixed_s and per_token_s to (tokens, seconds) calibration pairs.
 
         Token counts are padded with `buckets` before fitting (padding a bucket
-        value is a no-op, so passing already-padded counts is fine). Negative
-        estimates, possible with noisy timings, are clipped to 0.
+        value is a no-op, so passing already-padded counts is fine). With
+        `row_padding`, pass each sample's `padded_area` instead: it is used as is.
+        Negative estimates, possible with noisy timings, are clipped to 0.
         """
         pairs = np.asarray([tuple(s) for s in samples], dtype=np.float64)
         if pairs.ndim != 2 or pairs.shape[1] != 2:
             raise ValueError(f"samples must be (tokens, seconds) pairs; got shape {pairs.shape}")
         probe = cls(0.0, 0.0, buckets=tuple(buckets))
-        x = np.asarray([probe.padded(int(t)) for t in pairs[:, 0]], dtype=np.float64)
+        if row_padding:
+            x = pairs[:, 0].copy()
+        else:
+            x = np.asarray([probe.padded(int(t)) for t in pairs[:, 0]], dtype=np.float64)
         if len(np.unique(x)) < 2:
             raise ValueError(
                 f"fit needs samples at >= 2 distinct padded token counts; got {sorted(set(x))}"
@@ -92,4 +117,5 @@ class CostModel:
             opt_s=opt_s,
             pub_s=pub_s,
             buckets=tuple(buckets),
+            row_padding=row_padding,
         )

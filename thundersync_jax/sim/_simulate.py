@@ -1,23 +1,18 @@
 """Trace-driven step-time model: replays one batch's arrivals through a schedule.
 
-The learner is one serial worker. Whenever it is free it asks "which chunk
-next?" of the ready work; if nothing is ready it idles until the next
-trajectory becomes ready. The decision rule mirrors the scheduling policy of
-the orchestrator (thundersync_jax/schedule/planner.py):
+The learner is one serial worker. The scheduling policy is not re-implemented
+here: the orchestrator's own `schedule.planner.Planner` runs on a virtual clock.
+Whenever the learner is free, every trajectory that arrived by then is pushed
+and the planner picks the next chunk (or none: the clock jumps to the next
+arrival); the chunk then occupies the learner for `CostModel.chunk_cost`
+seconds. This is what `schedule.learner_loop.run_learner_batch` does on a wall
+clock, so a prediction differs from a real run only by the cost model.
 
-* readiness: sync — every trajectory at the last arrival R; group — each
-  trajectory when its group's last member arrives; stream — at its own arrival;
-  async — at t = 0 (it trains on the previous batch while this one rolls out).
-* choice: the smallest-keyed ready trajectory is the head; the chunk is the
-  ready trajectories of the head's (group, reward) slot in key order, cut
-  before the first one that would push the chunk past `max_chunk_tokens` (a
-  trajectory longer than the budget runs alone). Keys: sync/async
-  (group, traj_id) — a fixed order, so the synchronous update is bitwise
-  reproducible; group (group ready time, arrival, traj_id); stream
-  (rank, arrival, traj_id) with rank 0 for a closed group (every member
-  arrived), 1 for an open group whose arrived rewards already differ, 2 otherwise.
-* cap: with `max_open_groups=M`, once M groups hold a partial tally (some
-  members processed, not all), only work of those groups may run.
+Policy summary (the planner's docstring is authoritative): sync and async run
+the whole batch in (group, member) order; group runs groups in the order they
+completed; stream prefers closed groups, then open groups whose rewards
+already differ, then the rest, oldest first. Chunks pack one (group, reward)
+slot up to `max_chunk_tokens`; `max_open_groups` applies backpressure.
 
 After the last chunk the optimizer step (opt_s) and publication (pub_s) run
 back to back; for async they wait for the rollout span too (see `simulate`).
@@ -30,10 +25,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from thundersync_jax.schedule.planner import SCHEDULES, Planner, WorkItem
 from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.sim._trace import Arrival, validate_trace
 
-SCHEDULES = ("sync", "group", "stream", "async")
 # Chunk kinds: why the scheduler ran it. sync/async chunks are "batch", group chunks
 # "group"; stream chunks carry the rank of their group when they were picked.
 STREAM_RANKS = ("closed", "differing", "open")
@@ -83,8 +78,29 @@ class SimResult:
     chunks: list[Chunk]
 
 
-def _arrival_key(a: Arrival) -> tuple[float, int]:
-    return (a.arrival_s, a.traj_id)
+def _work_item(a: Arrival) -> WorkItem:
+    # Zero-padded ids make the planner's last tie-break (item_id) follow traj_id order.
+    return WorkItem(
+        item_id=f"{a.traj_id:09d}",
+        group=a.group,
+        reward=a.reward,
+        num_tokens=a.tokens,
+        arrival_s=a.arrival_s,
+        payload=a,
+        member=a.member,
+    )
+
+
+def _planner_for(trace: Sequence[Arrival], schedule: str, max_chunk_tokens: int, cap) -> Planner:
+    """A planner sized for the trace; groups smaller than the largest are shrunk up front."""
+    sizes = Counter(a.group for a in trace)
+    num_groups = max(sizes) + 1
+    group_size = max(sizes.values())
+    planner = Planner(schedule, num_groups, group_size, max_chunk_tokens, cap)
+    for k in range(num_groups):
+        for _ in range(group_size - sizes.get(k, 0)):
+            planner.drop_member(k)
+    return planner
 
 
 def _run_learner(
@@ -94,94 +110,48 @@ def _run_learner(
     max_chunk_tokens: int,
     max_open_groups: int | None,
 ) -> tuple[list[Chunk], float, int]:
-    """Event loop of the serial learner; returns (chunks, time learner work ends, open peak)."""
+    """The orchestrator's Planner on a virtual clock; returns (chunks, work end, open peak).
+
+    Mirrors `schedule.learner_loop.run_learner_batch`: whenever the learner is free,
+    every arrival so far is pushed, then the planner picks the next chunk; with nothing
+    ready the clock jumps to the next arrival. Async starts with the whole (previous)
+    batch in hand.
+    """
+    planner = _planner_for(trace, schedule, max_chunk_tokens, max_open_groups)
+    by_arrival = sorted(trace, key=lambda a: (a.arrival_s, a.traj_id))
     group_size = Counter(a.group for a in trace)
-    span = max(a.arrival_s for a in trace)
-    group_done_at = {}
-    for a in trace:
-        group_done_at[a.group] = max(group_done_at.get(a.group, 0.0), a.arrival_s)
-
-    def ready_at(a: Arrival) -> float:
-        if schedule == "sync":
-            return span
-        if schedule == "async":
-            return 0.0
-        if schedule == "group":
-            return group_done_at[a.group]
-        return a.arrival_s
-
-    by_arrival = sorted(trace, key=_arrival_key)
-    by_ready = sorted(trace, key=lambda a: (ready_at(a), *_arrival_key(a)))
-    arrived_count: Counter = Counter()
+    arrived: Counter = Counter()
     rewards_seen: dict[int, set[float]] = {k: set() for k in group_size}
-    pending: dict[int, list[Arrival]] = {k: [] for k in group_size}  # ready, not taken
-    taken: Counter = Counter()
-    open_groups: set[int] = set()
-    next_arrival = next_ready = 0
     chunks: list[Chunk] = []
-    open_peak = 0
-    fixed_order = schedule in ("sync", "async")
-    t = 0.0
-    remaining = len(trace)
-
-    def rank(k: int) -> int:
-        if arrived_count[k] == group_size[k]:
-            return 0
-        return 1 if len(rewards_seen[k]) > 1 else 2
-
-    def head_key(k: int) -> tuple:
-        head = pending[k][0]
-        if schedule == "stream":
-            return (rank(k), *_arrival_key(head))
-        if schedule == "group":
-            return (group_done_at[k], *_arrival_key(head))
-        return (k, head.traj_id)
-
-    while remaining:
-        while next_arrival < len(by_arrival) and by_arrival[next_arrival].arrival_s <= t:
-            a = by_arrival[next_arrival]
-            arrived_count[a.group] += 1
+    t, i = 0.0, 0
+    if schedule == "async":
+        for a in by_arrival:
+            planner.push(_work_item(a))
+        i = len(by_arrival)
+    while not planner.done():
+        while i < len(by_arrival) and by_arrival[i].arrival_s <= t:
+            a = by_arrival[i]
+            planner.push(_work_item(a))
+            arrived[a.group] += 1
             rewards_seen[a.group].add(a.reward)
-            next_arrival += 1
-        while next_ready < len(by_ready) and ready_at(by_ready[next_ready]) <= t:
-            a = by_ready[next_ready]
-            pending[a.group].append(a)
-            next_ready += 1
-            if fixed_order:
-                pending[a.group].sort(key=lambda x: x.traj_id)
-            # otherwise admission is in arrival order within a group already
-        candidates = [k for k, items in pending.items() if items]
-        if max_open_groups is not None and len(open_groups) >= max_open_groups:
-            candidates = [k for k in candidates if k in open_groups]
-        if not candidates:
-            if next_ready == len(by_ready):
-                raise RuntimeError("learner blocked with nothing left to arrive (scheduler bug)")
-            t = ready_at(by_ready[next_ready])  # idle until the next trajectory is ready
+            i += 1
+        picked = planner.next_chunk()
+        if not picked:
+            if i == len(by_arrival):
+                raise RuntimeError("learner blocked with nothing left to arrive (planner bug)")
+            t = by_arrival[i].arrival_s  # idle until the next trajectory arrives
             continue
-        k = min(candidates, key=head_key)
-        kind = {"stream": STREAM_RANKS[rank(k)], "group": "group"}.get(schedule, "batch")
-        reward = pending[k][0].reward
-        chunk, tokens = [], 0
-        for a in pending[k]:
-            if a.reward != reward:
-                continue
-            if chunk and tokens + a.tokens > max_chunk_tokens:
-                break
-            chunk.append(a)
-            tokens += a.tokens
-        chosen = {a.traj_id for a in chunk}
-        pending[k] = [a for a in pending[k] if a.traj_id not in chosen]
-        taken[k] += len(chunk)
-        if taken[k] < group_size[k]:
-            open_groups.add(k)
+        k = picked[0].group
+        if schedule == "stream":
+            # The rank the planner ranked this group by when it picked the chunk.
+            rank = 0 if arrived[k] == group_size[k] else (1 if len(rewards_seen[k]) > 1 else 2)
+            kind = STREAM_RANKS[rank]
         else:
-            open_groups.discard(k)
-        open_peak = max(open_peak, len(open_groups))
-        end = t + cost.chunk_s(tokens)
-        chunks.append(Chunk(t, end, kind, tuple(a.traj_id for a in chunk)))
+            kind = "group" if schedule == "group" else "batch"
+        end = t + cost.chunk_cost([it.num_tokens for it in picked])
+        chunks.append(Chunk(t, end, kind, tuple(it.payload.traj_id for it in picked)))
         t = end
-        remaining -= len(chunk)
-    return chunks, t, open_peak
+    return chunks, t, planner.open_groups_peak
 
 
 def simulate(

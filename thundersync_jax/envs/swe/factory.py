@@ -58,4 +58,8 @@ def make_environment(instance: SweInstance, workdir: str, env_cfg: Any) -> SweEn
         "timeout_s": float(env_cfg.sandbox_timeout_s),
         "memory_mb": int(env_cfg.sandbox_memory_mb),
     }
-    return SweEnvironment(instance, os.path.join(workdir, "episodes"), sandbox)
+    # partial_credit is optional in the config: all-or-nothing unless it says otherwise.
+    partial = bool(getattr(env_cfg, "partial_credit", False))
+    return SweEnvironment(
+        instance, os.path.join(workdir, "episodes"), sandbox, partial_credit=partial
+    )

@@ -14,6 +14,7 @@ import dataclasses
 import fcntl
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Sequence
 
@@ -56,7 +57,9 @@ def run_git(args: Sequence[str], cwd: str, stdin: str | None = None, timeout: fl
         cwd=cwd,
         input=stdin,
         capture_output=True,
-        text=True,
+        # Non-UTF-8 file content survives a diff -> apply round trip unchanged.
+        encoding="utf-8",
+        errors="surrogateescape",
         timeout=timeout,
         env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
     )
@@ -75,7 +78,10 @@ class Workspace:
 
     def git(self, *args: str, stdin: str | None = None) -> str:
         return run_git(
-            ["--git-dir", self.git_dir, "--work-tree", self.path, *args], self.path, stdin
+            # Literal pathspecs: a test file named "test_[x].py" is a name, not a glob.
+            ["--literal-pathspecs", "--git-dir", self.git_dir, "--work-tree", self.path, *args],
+            self.path,
+            stdin,
         )
 
     def diff(self) -> str:
@@ -153,6 +159,7 @@ def mirror(repo: str, cache_dir: str, url_template: str = "https://github.com/{r
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.isdir(dest):
             url = url_template.format(repo=repo)
+            shutil.rmtree(dest + ".tmp", ignore_errors=True)  # left by an interrupted clone
             run_git(["clone", "--quiet", "--mirror", url, dest + ".tmp"], cache_dir, timeout=1800)
             os.rename(dest + ".tmp", dest)
     return dest

@@ -1,0 +1,32 @@
+r"""Weight publication latency vs a plain memory copy of the same bytes.
+
+    python -m experiments.bench_publish [--target_mib=128] [--repeats=5] [--warmup=2]
+
+Publishes a ~128 MiB float32 Qwen3 to one real rollout engine process (Orbax snapshot in
+/dev/shm, engine load, acknowledgement) and prints one JSON line: medians over `repeats` after
+`warmup` publications, and `ratio` = publication bandwidth / memory-copy bandwidth (target
+>= 0.25).
+"""
+
+import json
+
+from absl import app, flags
+
+from thundersync_jax.rollout import bench
+
+_TARGET_MIB = flags.DEFINE_integer("target_mib", 128, "Approximate parameter MiB (float32).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Measured publications (median reported).")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Publications before measuring.")
+_BASE = flags.DEFINE_string("base", "/dev/shm/thundersync", "Snapshot base directory.")
+
+
+def main(argv):
+    del argv
+    result = bench.measure_publication(
+        _TARGET_MIB.value, _REPEATS.value, _WARMUP.value, _BASE.value
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,27 @@
+r"""On-policy distillation on terminal tasks: per-turn teacher scoring, streamed gradients.
+
+    python -m experiments.terminal_opd --config=configs/terminal_opd_cpu.py --workdir=runs/opd \
+        [--config.schedule=stream|group|sync] [--config.num_steps=N] [--config.seed=S] \
+        [--config.teacher.checkpoint=HF_DIR]
+
+Writes DIR/metrics.jsonl (DESIGN §6 names plus reverse_kl), DIR/checkpoints/, DIR/final/
+(HF safetensors) and timelines; rerunning the same command after a crash resumes.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from thundersync_jax.schedule import opd_trainer
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/terminal_opd", "Output directory (resumes).")
+
+
+def main(argv):
+    del argv
+    opd_trainer.train(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config"])
+    app.run(main)

@@ -1,0 +1,107 @@
+"""The embedded continuous-batching engine, in process, against MODEL's batch generator."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from thundersync_jax.models import sampling
+from thundersync_jax.rollout import embedded
+from thundersync_jax.rollout.protocol import GenerateRequest, RequestError
+
+ROWS = 3  # fewer rows than requests: rows are refilled while others decode
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return tiny.model(seed=4, sharp=True)
+
+
+@pytest.fixture(scope="module")
+def engine(model, tiny):
+    return embedded.EmbeddedEngine(model, max_batch=ROWS, max_seq_len=tiny.max_seq_len, version=7)
+
+
+def _run(engine, requests):
+    for req in requests:
+        engine.submit(req)
+    results, max_active = {}, 0
+    while engine.has_work():
+        for res in engine.step():
+            results[res.request_id] = res
+        max_active = max(max_active, engine.stats()["active"])
+    return results, max_active
+
+
+def test_length_buckets_cover_every_prompt():
+    assert embedded.length_buckets(64) == (16, 32, 64)
+    assert embedded.length_buckets(100) == (16, 32, 64, 100)
+    assert embedded.bucket_for(17, (16, 32)) == 32
+    with pytest.raises(ValueError, match="exceeds the largest bucket 32"):
+        embedded.bucket_for(33, (16, 32))
+
+
+def test_continuous_batching_matches_the_batch_generator(engine, model, tiny):
+    rng = np.random.default_rng(3)
+    settings = [  # (temperature, top_p, max_new_tokens, stop ids)
+        (1.0, 1.0, 9, ()),
+        (0.7, 0.8, 14, ()),
+        (0.0, 1.0, 6, ()),
+        (1.3, 1.0, 20, (11, 17, 23, 29, 31)),  # likely to stop early
+    ]
+    requests = []
+    for i in range(8):
+        t, p, m, stop = settings[i % 4]
+        sp = sampling.SamplingParams(temperature=t, top_p=p, max_new_tokens=m, stop_token_ids=stop)
+        prompt = rng.integers(0, tiny.cfg.vocab_size, size=int(rng.integers(1, 40))).tolist()
+        requests.append(GenerateRequest(f"r{i}", prompt, sp, (3, 1, i, i % 2)))
+    steps_before = engine.stats()["steps"]
+    results, max_active = _run(engine, requests)
+    assert max_active == ROWS and len(results) == 8
+    for req in requests:
+        key = sampling.sequence_key(*req.key_ids)
+        ref = sampling.generate(model, [req.prompt_tokens], [key], req.sampling)[0]
+        res = results[req.request_id]
+        assert res.tokens == ref.tokens and res.finish_reason == ref.finish_reason
+        np.testing.assert_allclose(res.logprobs, ref.logprobs, atol=1e-5)
+        assert res.policy_version == 7
+    assert any(r.finish_reason == "stop" for r in results.values())
+    # Rows were refilled: fewer steps than running the 8 requests one after another.
+    total_tokens = sum(len(r.tokens) for r in results.values())
+    assert engine.stats()["steps"] - steps_before < total_tokens
+    # One decode program and one prefill program per prompt bucket.
+    assert engine.stats()["compiles"] <= 1 + len(engine.buckets)
+
+
+def test_a_full_row_ends_with_length(engine, tiny):
+    sp = sampling.SamplingParams(max_new_tokens=50)
+    prompt = [1] * (tiny.max_seq_len - 3)
+    results, _ = _run(engine, [GenerateRequest("full", prompt, sp, (0, 0, 0, 0))])
+    assert len(results["full"].tokens) == 3 and results["full"].finish_reason == "length"
+
+
+def test_cancel_frees_queued_and_running_requests(engine):
+    sp = sampling.SamplingParams(max_new_tokens=30)
+    reqs = [GenerateRequest(f"c{i}", [1, 2, 3], sp, (0, 0, i, 0)) for i in range(ROWS + 1)]
+    for r in reqs:
+        engine.submit(r)
+    engine.step()  # ROWS requests running, one queued
+    assert engine.cancel("c0") and engine.cancel(f"c{ROWS}") and not engine.cancel("nope")
+    results, _ = _run(engine, [])
+    assert sorted(results) == [f"c{i}" for i in range(1, ROWS)]
+
+
+def test_score_is_log_softmax_of_the_model(engine, model):
+    seqs = [[5, 3, 9, 1, 40], list(range(1, 37))]
+    scored = engine.score(seqs)
+    for seq, got in zip(seqs, scored, strict=True):
+        logp = jax.nn.log_softmax(model(jnp.asarray([seq])), axis=-1)[0, :-1]
+        want = np.take_along_axis(np.asarray(logp), np.asarray(seq)[1:, None], axis=-1)[:, 0]
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    with pytest.raises(RequestError, match="token ids outside"):
+        engine.score([[1, 99]])
+
+
+def test_submit_validates(engine, tiny):
+    with pytest.raises(RequestError, match="empty prompt"):
+        engine.submit(GenerateRequest("e", [], sampling.SamplingParams(), (0, 0, 0, 0)))
