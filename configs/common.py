@@ -85,9 +85,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             max_batch=16,
             temperature=1.0,
             top_p=1.0,
-            max_turns=6,
-            max_new_tokens_per_turn=96,
-            max_traj_tokens=1536,
+            max_turns=8,
+            max_new_tokens_per_turn=192,
+            max_traj_tokens=2048,
             snapshot_root="/dev/shm/thundersync",
             request_timeout_s=300.0,
         )

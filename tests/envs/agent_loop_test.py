@@ -85,9 +85,19 @@ MALFORMED_POLICY = [
 IDS = EpisodeIds(seed=0, step=1, prompt=2, member=3)
 
 
-@pytest.mark.parametrize("chat_format", ["compact", "qwen3"])
-def test_episode_bookkeeping_matches_template(chat_format):
-    tok = tokenizer.ByteTokenizer(chat_format=chat_format)
+@pytest.fixture(scope="module")
+def bpe_tok(tmp_path_factory):
+    """A subword (HF) tokenizer with Qwen3's markers, trained here on the policy's text."""
+    corpus = MALFORMED_POLICY * 4 + ["Make the counter equal 5. counter=5 error: submitted"]
+    return tokenizer.train_bpe(corpus, str(tmp_path_factory.mktemp("bpe")), vocab_size=331)
+
+
+@pytest.mark.parametrize("kind", ["byte-compact", "byte-qwen3", "bpe-qwen3"])
+def test_episode_bookkeeping_matches_template(kind, request):
+    if kind == "bpe-qwen3":
+        tok = request.getfixturevalue("bpe_tok")
+    else:
+        tok = tokenizer.ByteTokenizer(chat_format=kind.split("-")[1])
     fmt = chat.get_format(tok)
     env = CounterEnv(5)
     sampler = ScriptedSampler(tok, MALFORMED_POLICY)

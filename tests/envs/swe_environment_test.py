@@ -1,12 +1,13 @@
 """SweEnvironment tool errors and limits on one mini-SWE task (sandboxed)."""
 
+import dataclasses
 import os
 
 import pytest
 
 from thundersync_jax.envs import verify
 from thundersync_jax.envs.base import ToolCall
-from thundersync_jax.envs.swe import mini_swe
+from thundersync_jax.envs.swe import mini_swe, verifier
 from thundersync_jax.envs.swe.environment import SweEnvironment
 
 
@@ -74,3 +75,32 @@ def test_hanging_tests_time_out_to_reward_zero(task, tmp_path):
         result = env.verify()
     assert result.reward == 0.0 and result.error is None
     assert result.details["timed_out"] and "timed out" in result.reason
+
+
+# A conftest.py that reports every test as passed: the reward hack editable_paths blocks.
+FAKE_PASS = """\
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
+def test_edits_outside_editable_paths_are_ignored(task, tmp_path):
+    with SweEnvironment(task, str(tmp_path)) as env:
+        env.reset()
+        env.step(
+            ToolCall("edit", {"path": "conftest.py", "old": "def ", "new": FAKE_PASS + "def "})
+        )
+        hack = env.model_patch()
+    assert task.extra["editable_paths"] == ["p/"]
+    unguarded = dataclasses.replace(task, extra={**task.extra, "editable_paths": []})
+    # Without the guard the hack "resolves" the task; with it the hack is dropped.
+    assert verifier.evaluate_patch(unguarded, hack, str(tmp_path)).reward == 1.0
+    guarded = verifier.evaluate_patch(task, hack, str(tmp_path))
+    assert guarded.reward == 0.0 and guarded.details["ignored_paths"] == ["conftest.py"]
+    both = verifier.evaluate_patch(task, hack + task.patch, str(tmp_path))
+    assert both.reward == 1.0 and both.details["ignored_paths"] == ["conftest.py"]

@@ -38,6 +38,7 @@ def test_from_dict_decodes_json_strings_and_keeps_extras():
         ({"FAIL_TO_PASS": "t.py::a"}, "FAIL_TO_PASS is a string but not a JSON list"),
         ({"PASS_TO_PASS": [1]}, "PASS_TO_PASS must be a list of test ids"),
         ({"env": ["A=1"]}, "env must be an object"),
+        ({"FAIL_TO_PASS": "[]", "PASS_TO_PASS": []}, "both empty"),
     ],
 )
 def test_bad_fields(change, message):

@@ -199,3 +199,13 @@ def test_demonstration_from_patch():
         calls[2].arguments["command"] == "cat > 'new file.txt' <<'EOF_DEMO'\nhello\nworld\nEOF_DEMO"
     )
     assert calls[3].arguments["command"] == "rm gone.py"
+
+
+def test_restrict_patch_keeps_only_editable_files():
+    kept, dropped = repo.restrict_patch(PATCH, ["src/"])
+    assert kept == PATCH.split("diff --git a/new file.txt")[0]
+    assert dropped == ["new file.txt", "gone.py"]
+    assert repo.restrict_patch(PATCH, ["src/", "new", "gone"]) == (PATCH, [])
+    traditional = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    assert repo.restrict_patch(traditional, ["p/"]) == ("", ["x.py"])
+    assert repo.restrict_patch("garbage\n", ["p/"]) == ("", ["garbage"])

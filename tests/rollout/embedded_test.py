@@ -1,5 +1,7 @@
 """The embedded continuous-batching engine, in process, against MODEL's batch generator."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,30 +44,32 @@ def test_length_buckets_cover_every_prompt():
 
 
 def test_continuous_batching_matches_the_batch_generator(engine, model, tiny):
+    # Prompts <= 16 tokens and max_new_tokens <= 16 keep the reference to one compilation.
     rng = np.random.default_rng(3)
-    settings = [  # (temperature, top_p, max_new_tokens, stop ids)
-        (1.0, 1.0, 9, ()),
-        (0.7, 0.8, 14, ()),
-        (0.0, 1.0, 6, ()),
-        (1.3, 1.0, 20, (11, 17, 23, 29, 31)),  # likely to stop early
-    ]
+    settings = [(1.0, 1.0, 9), (0.7, 0.8, 14), (0.0, 1.0, 6), (1.3, 1.0, 16)]
+    prompts = [rng.integers(0, tiny.cfg.vocab_size, size=1 + 2 * i).tolist() for i in range(8)]
+    keys = [(3, 1, i, i % 2) for i in range(8)]
+
+    def reference(i, sp):
+        key = sampling.sequence_key(*keys[i])
+        return sampling.generate(model, [prompts[i], prompts[i]], [key, key], sp)[0]
+
     requests = []
     for i in range(8):
-        t, p, m, stop = settings[i % 4]
-        sp = sampling.SamplingParams(temperature=t, top_p=p, max_new_tokens=m, stop_token_ids=stop)
-        prompt = rng.integers(0, tiny.cfg.vocab_size, size=int(rng.integers(1, 40))).tolist()
-        requests.append(GenerateRequest(f"r{i}", prompt, sp, (3, 1, i, i % 2)))
+        t, p, m = settings[i % 4]
+        sp = sampling.SamplingParams(temperature=t, top_p=p, max_new_tokens=m)
+        if i == 3:  # stop on the token this request would sample third
+            sp = dataclasses.replace(sp, stop_token_ids=(reference(i, sp).tokens[2],))
+        requests.append(GenerateRequest(f"r{i}", prompts[i], sp, keys[i]))
     steps_before = engine.stats()["steps"]
     results, max_active = _run(engine, requests)
     assert max_active == ROWS and len(results) == 8
-    for req in requests:
-        key = sampling.sequence_key(*req.key_ids)
-        ref = sampling.generate(model, [req.prompt_tokens], [key], req.sampling)[0]
-        res = results[req.request_id]
+    for i, req in enumerate(requests):
+        ref, res = reference(i, req.sampling), results[req.request_id]
         assert res.tokens == ref.tokens and res.finish_reason == ref.finish_reason
         np.testing.assert_allclose(res.logprobs, ref.logprobs, atol=1e-5)
         assert res.policy_version == 7
-    assert any(r.finish_reason == "stop" for r in results.values())
+    assert results["r3"].finish_reason == "stop" and len(results["r3"].tokens) <= 3
     # Rows were refilled: fewer steps than running the 8 requests one after another.
     total_tokens = sum(len(r.tokens) for r in results.values())
     assert engine.stats()["steps"] - steps_before < total_tokens
@@ -92,7 +96,7 @@ def test_cancel_frees_queued_and_running_requests(engine):
 
 
 def test_score_is_log_softmax_of_the_model(engine, model):
-    seqs = [[5, 3, 9, 1, 40], list(range(1, 37))]
+    seqs = [[5, 3, 9, 1, 40], list(range(1, 14))]  # one length bucket: one compilation
     scored = engine.score(seqs)
     for seq, got in zip(seqs, scored, strict=True):
         logp = jax.nn.log_softmax(model(jnp.asarray([seq])), axis=-1)[0, :-1]

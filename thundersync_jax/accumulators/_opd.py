@@ -94,8 +94,9 @@ def opd(
     cfg = DirectConfig(resolve_loss_agg(loss_agg, max_len), max_len, on_invalid)
 
     def init(params) -> DirectState:
-        zero = jnp.zeros((), jnp.int32)
-        return DirectState(_tallies.zeros_like_params(params), zero, zero, zero, zero)
+        # Separate buffers per field: a donated state must not alias itself.
+        counters = [jnp.zeros((), jnp.int32) for _ in range(4)]
+        return DirectState(_tallies.zeros_like_params(params), *counters)
 
     def _add(where, state, grad, num_tokens, count, weighted):
         _errors.check_structure(where, state.total, grad)

@@ -4,7 +4,10 @@ The fields follow the SWE-bench dataset (FAIL_TO_PASS / PASS_TO_PASS may be
 JSON-encoded strings there, or plain lists), plus three optional fields for
 offline use: `repo_path` (a local git repository used instead of cloning
 `repo`), `env` (environment variables for the test run) and `test_cmd` (the
-command test ids are appended to).
+command test ids are appended to). One more optional field is read from `extra`:
+`editable_paths`, path prefixes a model patch may change (the verifier ignores
+changes elsewhere; mini-SWE sets it to the package so tests and pytest config
+cannot be edited into a pass).
 """
 
 from __future__ import annotations
@@ -88,6 +91,13 @@ class SweInstance:
                 f"instance {record['instance_id']}: env must be an object, got {env!r}"
             )
         known = set(_REQUIRED) | {"repo_path", "env", "test_cmd"}
+        fail_to_pass = _test_list(record, "FAIL_TO_PASS")
+        pass_to_pass = _test_list(record, "PASS_TO_PASS")
+        if not fail_to_pass and not pass_to_pass:
+            # With no ids the test command would run everything and "resolve" vacuously.
+            raise ValueError(
+                f"instance {record['instance_id']}: FAIL_TO_PASS and PASS_TO_PASS are both empty"
+            )
         return cls(
             instance_id=str(record["instance_id"]),
             repo=str(record["repo"]),
@@ -95,8 +105,8 @@ class SweInstance:
             problem_statement=str(record["problem_statement"]),
             patch=str(record["patch"] or ""),
             test_patch=str(record["test_patch"] or ""),
-            fail_to_pass=_test_list(record, "FAIL_TO_PASS"),
-            pass_to_pass=_test_list(record, "PASS_TO_PASS"),
+            fail_to_pass=fail_to_pass,
+            pass_to_pass=pass_to_pass,
             repo_path=str(repo_path),
             env={str(k): str(v) for k, v in env.items()},
             test_cmd=str(record.get("test_cmd") or DEFAULT_TEST_CMD),

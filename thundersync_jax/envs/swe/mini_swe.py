@@ -238,6 +238,8 @@ def _build(instance_id: str, spec: dict[str, Any], repo_dir: str) -> dict[str, A
         "env": dict(TASK_ENV),
         "test_cmd": TEST_CMD,
         "difficulty": spec["difficulty"],
+        # The verifier scores only changes to the package, never to tests or pytest config.
+        "editable_paths": [f"{PACKAGE}/"],
         "demonstration": [{"name": c.name, "arguments": c.arguments} for c in demo],
     }
 

@@ -189,3 +189,26 @@ def patched_paths(patch: str) -> list[str]:
             if name.startswith(("a/", "b/")):
                 paths.append(name[2:])
     return list(dict.fromkeys(paths))
+
+
+def split_patch(patch: str) -> list[str]:
+    """A git diff cut into one piece per file (at each "diff --git" line); a diff without
+    such lines is one piece."""
+    pieces = re.split(r"(?m)^(?=diff --git )", patch)
+    return [p for p in pieces if p.strip()]
+
+
+def restrict_patch(patch: str, prefixes: Sequence[str]) -> tuple[str, list[str]]:
+    """(the part of `patch` that only touches paths under `prefixes`, the paths dropped).
+
+    A piece whose paths cannot all be read (no file header) is dropped whole.
+    """
+    kept, dropped = [], []
+    for piece in split_patch(patch):
+        paths = patched_paths(piece)
+        if paths and all(p.startswith(tuple(prefixes)) for p in paths):
+            kept.append(piece)
+        else:
+            header = piece.splitlines()[0] if piece.strip() else ""
+            dropped.extend([p for p in paths if not p.startswith(tuple(prefixes))] or [header])
+    return "".join(kept), dropped

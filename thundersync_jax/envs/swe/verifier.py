@@ -125,6 +125,12 @@ def evaluate_patch(
         )
         config = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
         config["env"] = {**instance.env, **config.get("env", {})}
+        dropped: list[str] = []
+        editable = instance.extra.get("editable_paths")
+        if editable:
+            # Only the code under test is the model's to change (mini-SWE: the package):
+            # edits to conftest.py, pytest.ini or other tests would let it fake a pass.
+            model_patch, dropped = repo.restrict_patch(model_patch, editable)
         problem = apply_model_patch(ws, model_patch, config)
         if problem:
             return VerifierResult(
@@ -142,7 +148,10 @@ def evaluate_patch(
             tests, runs = run_tests(sb, instance, instance.test_ids, timeout_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return score(instance, tests, runs, partial_credit)
+    result = score(instance, tests, runs, partial_credit)
+    if dropped:
+        result.details["ignored_paths"] = dropped
+    return result
 
 
 def score(

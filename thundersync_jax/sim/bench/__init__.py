@@ -1,0 +1,28 @@
+"""Schedule benchmark: a recorded or synthetic trace replayed onto the real learner.
+
+    from thundersync_jax.sim import bench
+    result = bench.run_benchmark(config, workdir)      # configs/bench_cpu.py; writes bench.json
+
+Rollouts are replayed from a trace by a sleeping thread (standing in for rollout
+hardware separate from the learner); the learner work is real: score-gradient
+chunks of a tiny Qwen3 policy, the streaming GRPO accumulator, the training run's
+own planner and learner loop, and an optax step. `sim.simulate`, with a cost
+model calibrated at start on the same score-gradient function, predicts every
+schedule's step time. Kept out of `thundersync_jax.sim` so the simulator itself
+imports no JAX.
+"""
+
+from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
+from thundersync_jax.sim.bench._replay import RoundResult, replay_step
+from thundersync_jax.sim.bench._run import BENCH_FILE, MEASURED, format_table, run_benchmark
+
+__all__ = [
+    "BENCH_FILE",
+    "MEASURED",
+    "BenchLearner",
+    "RoundResult",
+    "format_table",
+    "learner_from_config",
+    "replay_step",
+    "run_benchmark",
+]

@@ -1,0 +1,145 @@
+"""The benchmark's learner: the training run's real learner pieces, timed.
+
+A tiny Qwen3 policy, `learner.chunks` score-gradient chunks, the streaming GRPO
+accumulator through `schedule.GrpoLearner`, and a real optax step from
+`learner.train_state`. Chunks block until their result is on hand, so a chunk's
+measured time is its compute, and the planner's next decision sees every
+arrival up to then (what the simulator assumes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from thundersync_jax import accumulators
+from thundersync_jax.learner import buckets, chunks
+from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
+from thundersync_jax.models import qwen3
+from thundersync_jax.schedule.grpo_learner import GrpoLearner
+from thundersync_jax.schedule.planner import WorkItem
+from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim.bench._workload import ReplayTrajectory
+
+PAD_ID = 0
+
+
+class BenchLearner:
+    """Score-gradient chunks, accumulator and optimizer step of one policy, with timers.
+
+    Args:
+      model_cfg: the `model` section of a config (configs/common.py tiny_qwen3_model).
+      optim_cfg: the `optim` section.
+      seq_buckets: padded sequence lengths of the score-gradient function.
+      seed: parameter-init seed.
+    """
+
+    def __init__(self, model_cfg, optim_cfg, seq_buckets: Sequence[int], seed: int = 0):
+        cfg = qwen3.Qwen3Config.from_config_dict(model_cfg)
+        model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))
+        self.vocab_size = cfg.vocab_size
+        self.seq_buckets = buckets.validate_buckets(seq_buckets)
+        graphdef, params = nnx.split(model, nnx.Param)
+        self.score_fn = chunks.make_score_grad_fn(graphdef, self.seq_buckets, pad_id=PAD_ID)
+        optimizer = make_optimizer(optim_cfg)
+        self.apply_update = make_apply_update(optimizer)
+        self.state = init_train_state(params, optimizer, seed)
+        self.grpo: GrpoLearner | None = None
+        self._batch_shape: tuple[int, int] | None = None
+
+    def begin(self, num_groups: int, group_size: int) -> None:
+        """Starts a batch of `num_groups` × `group_size` on the current parameters."""
+        if self._batch_shape != (num_groups, group_size):
+            # A new accumulator (and its jitted add) only when the batch shape changes.
+            acc = accumulators.grpo(num_groups=num_groups, group_size=group_size)
+            self.grpo = GrpoLearner(acc, self.score_fn, PAD_ID)
+            self._batch_shape = (num_groups, group_size)
+        self.grpo.begin(self.state.params, version=0)
+
+    def process(self, chunk: list[WorkItem]) -> None:
+        """One chunk's score gradient folded into the accumulator, finished on return."""
+        self.grpo.process(chunk)
+        jax.block_until_ready(self.grpo.state)
+
+    def finish(self, advance: bool):
+        """finalize + optimizer step; returns ∇L. `advance=False` keeps the parameters."""
+        grads = self.grpo.finalize()
+        new_state, _, _ = self.apply_update(self.state, grads)
+        jax.block_until_ready(new_state.params)
+        if advance:
+            self.state = new_state
+        return grads
+
+    # -- compile warm-up and calibration ------------------------------------------
+    def shapes(self, max_rows: int) -> list[tuple[int, int]]:
+        """Every padded (rows, length) a chunk of at most `max_rows` trajectories can take."""
+        rows = sorted({buckets.bucket_rows(r) for r in range(1, max_rows + 1)})
+        return [(r, b) for r in rows for b in self.seq_buckets]
+
+    def _probe_chunk(self, rows: int, length: int, rng: np.random.Generator) -> list[WorkItem]:
+        mask = np.ones(length, np.float32)
+        mask[0] = 0.0
+        return [
+            WorkItem(
+                item_id=f"probe{m}",
+                group=0,
+                reward=1.0,
+                num_tokens=length,
+                arrival_s=0.0,
+                payload=ReplayTrajectory(
+                    rng.integers(1, self.vocab_size, size=length, dtype=np.int32), mask, (0,)
+                ),
+                member=m,
+            )
+            for m in range(rows)
+        ]
+
+    def calibrate(
+        self, num_groups: int, group_size: int, reps: int, seed: int = 0
+    ) -> tuple[CostModel, list[dict]]:
+        """Compiles every chunk shape of a K × G batch, then fits the cost model to timed chunks.
+
+        A chunk holds one slot of one group, so at most G rows. Each padded
+        (rows, bucket) shape runs `reps` times after one untimed (compiling) call,
+        on the same accumulator the batch uses; the fit uses each shape's median.
+        opt_s is the median of `reps` finalize + optimizer steps. Returns the
+        model and the per-shape medians.
+        """
+        rng = np.random.default_rng(seed)
+        self.begin(num_groups, group_size)
+        table = []
+        for rows, length in self.shapes(group_size):
+            chunk = self._probe_chunk(min(rows, group_size), length, rng)
+            self.process(chunk)  # compiles
+            times = []
+            for _ in range(reps):
+                self.begin(num_groups, group_size)
+                start = time.perf_counter()
+                self.process(chunk)
+                times.append(time.perf_counter() - start)
+            table.append({"rows": rows, "length": length, "seconds": statistics.median(times)})
+        opt = []
+        for _ in range(reps + 1):  # the first call compiles
+            self.begin(num_groups, group_size)
+            self.process(self._probe_chunk(1, self.seq_buckets[0], rng))
+            start = time.perf_counter()
+            self.finish(advance=False)
+            opt.append(time.perf_counter() - start)
+        cost = CostModel.fit(
+            [(row["rows"] * row["length"], row["seconds"]) for row in table],
+            opt_s=statistics.median(opt[1:]),
+            buckets=self.seq_buckets,
+            row_padding=True,
+        )
+        return cost, table
+
+
+def learner_from_config(config: ml_collections.ConfigDict) -> BenchLearner:
+    """The benchmark learner of a bench config (configs/bench_cpu.py)."""
+    return BenchLearner(config.model, config.optim, tuple(config.seq_buckets), seed=0)

@@ -1,0 +1,104 @@
+"""One measured step: a trace replayed onto the real learner loop, on a wall clock.
+
+A feeder thread stands in for the rollout fleet: it sleeps until each
+trajectory's arrival time and puts its `WorkItem` on the queue, costing the
+learner nothing but a thread wake-up. The learner thread runs the training
+run's own `run_learner_batch` with a `Planner`, then finalize and the optimizer
+step. The step time is batch start → optimizer step done (no publication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.planner import Planner, WorkItem
+from thundersync_jax.sim.bench._learner import BenchLearner
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """What one replayed step measured (seconds from batch start).
+
+    Attributes:
+      step_time_s: batch start → optimizer step done.
+      rollout_span_s: batch start → last trajectory put on the queue.
+      learner_busy_s: chunk work + finalize and optimizer step.
+      learner_idle_frac: 1 − busy / step time.
+      tail_s: step time − rollout span.
+      chunks: (rows, longest sequence, start, end) of every chunk.
+      grads: ∇L of the step (for comparing schedules).
+    """
+
+    step_time_s: float
+    rollout_span_s: float
+    learner_busy_s: float
+    learner_idle_frac: float
+    tail_s: float
+    chunks: list[tuple[int, int, float, float]]
+    grads: object
+
+
+def replay_step(
+    learner: BenchLearner,
+    items: Sequence[WorkItem],
+    schedule: str,
+    num_groups: int,
+    group_size: int,
+    max_chunk_tokens: int,
+    advance: bool,
+) -> RoundResult:
+    """Replays `items` (arrival order) under `schedule`; see the module docstring."""
+    planner = Planner(schedule, num_groups, group_size, max_chunk_tokens)
+    sizes: dict[int, int] = {}
+    for it in items:
+        sizes[it.group] = sizes.get(it.group, 0) + 1
+    for k in range(num_groups):
+        for _ in range(group_size - sizes.get(k, 0)):
+            planner.drop_member(k)  # recorded traces may hold short groups
+    learner.begin(num_groups, group_size)
+    arrivals: queue.Queue = queue.Queue()
+    put_times: list[float] = []
+    chunk_log: list[tuple[int, int, float, float]] = []
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+
+    def feed() -> None:
+        for it in items:
+            wait = it.arrival_s - clock()
+            if wait > 0:
+                time.sleep(wait)
+            arrivals.put(it)
+            put_times.append(clock())
+
+    feeder = threading.Thread(target=feed, name="trace-replay", daemon=True)
+    feeder.start()
+    stats = run_learner_batch(
+        planner,
+        arrivals,
+        learner.process,
+        clock=clock,
+        on_chunk=lambda c, s, e: chunk_log.append(
+            (len(c), max(it.num_tokens for it in c), s, e)
+        ),
+        timeout_s=600.0,
+    )
+    opt_start = clock()
+    grads = learner.finish(advance)
+    step_time = clock()
+    feeder.join()
+    busy = stats.learner_busy_s + (step_time - opt_start)
+    span = max(put_times)
+    return RoundResult(
+        step_time_s=step_time,
+        rollout_span_s=span,
+        learner_busy_s=busy,
+        learner_idle_frac=1.0 - busy / step_time,
+        tail_s=step_time - span,
+        chunks=chunk_log,
+        grads=grads,
+    )

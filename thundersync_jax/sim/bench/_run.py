@@ -1,0 +1,220 @@
+"""The schedule benchmark: every schedule on the same replayed workload, measured and predicted.
+
+Per seed, one trace is drawn (or read), its lengths clipped to the largest
+sequence bucket, and its arrival times scaled so that the calibrated learner
+work over the rollout span equals `balance`. Each round replays that same
+workload once per schedule, the schedule order rotating from round to round so
+slow drifts of the machine hit every schedule alike; warm-up rounds are dropped.
+The prediction is `sim.simulate` on the same (scaled) trace with the cost model
+calibrated at start.
+
+Reported per schedule: the mean over seeds of the median over counted rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from collections.abc import Sequence
+
+import ml_collections
+import numpy as np
+
+from thundersync_jax import sim
+from thundersync_jax.learner import buckets
+from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim.bench import _workload as workload
+from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
+from thundersync_jax.sim.bench._replay import RoundResult, replay_step
+
+log = logging.getLogger(__name__)
+
+MEASURED = ("sync", "group", "stream")  # async needs a second batch in flight: predicted only
+BENCH_FILE = "bench.json"
+
+
+def _seed_trace(config, seed: int) -> list[sim.Arrival]:
+    return workload.load_trace(
+        config.trace,
+        num_groups=config.num_groups,
+        group_size=config.group_size,
+        sigma=config.sigma,
+        group_icc=config.group_icc,
+        mean_tokens=config.mean_tokens,
+        seed=seed,
+        step=config.trace_step,
+    )
+
+
+def _rel_diff(a, b) -> float:
+    import jax
+
+    num = sum(float(np.sum((np.asarray(x) - np.asarray(y)) ** 2)) for x, y in zip(
+        jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    den = sum(float(np.sum(np.asarray(y) ** 2)) for y in jax.tree.leaves(b))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+def _refit(rounds: Sequence[RoundResult], cost: CostModel) -> CostModel | None:
+    """The cost model refitted to the chunks the counted rounds actually ran (a diagnostic)."""
+    samples = [
+        (buckets.bucket_rows(rows) * cost.padded(length), end - start)
+        for r in rounds
+        for rows, length, start, end in r.chunks
+    ]
+    if len({s[0] for s in samples}) < 2:
+        return None
+    opt = statistics.median(r.step_time_s - r.chunks[-1][3] for r in rounds if r.chunks)
+    return CostModel.fit(samples, opt_s=opt, buckets=cost.buckets, row_padding=True)
+
+
+def _run_seed(learner: BenchLearner, config, cost: CostModel, seed: int) -> dict:
+    """Measured rounds and predictions of every schedule on one seed's workload."""
+    max_len = learner.seq_buckets[-1]
+    trace, clipped = workload.fit_lengths(_seed_trace(config, seed), max_len)
+    trace = sim.balance(trace, cost, float(config.balance), int(config.max_chunk_tokens))
+    num_groups, group_size = workload.group_shape(trace)
+    items = workload.work_items(trace, learner.vocab_size, seed)
+    schedules = list(config.schedules)
+    predicted = {
+        s: sim.simulate(trace, s, cost, int(config.max_chunk_tokens))
+        for s in [*schedules, "async"]
+    }
+    measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
+    grad_diffs = []
+    for r in range(int(config.warmup) + int(config.rounds)):
+        order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
+        grads = {}
+        for i, s in enumerate(order):
+            res = replay_step(
+                learner,
+                items,
+                s,
+                num_groups,
+                group_size,
+                int(config.max_chunk_tokens),
+                advance=i == len(order) - 1,
+            )
+            grads[s] = res.grads
+            if r >= config.warmup:
+                measured[s].append(res)
+            log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
+        grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
+    refit = _refit([x for rs in measured.values() for x in rs], cost)
+    out = {
+        "rollout_span_s": predicted["sync"].rollout_span_s,
+        "learner_work_s": predicted["sync"].learner_work_s,
+        "clipped_lengths": clipped,
+        "num_trajectories": len(trace),
+        "max_grad_rel_diff": max(grad_diffs, default=0.0),
+        "schedules": {},
+    }
+    for s in schedules:
+        rs = measured[s]
+        out["schedules"][s] = {
+            "step_time_s": statistics.median(x.step_time_s for x in rs),
+            "predicted_step_time_s": predicted[s].step_time_s,
+            "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
+            "predicted_learner_idle_frac": predicted[s].learner_idle_frac,
+            "tail_s": statistics.median(x.tail_s for x in rs),
+            "predicted_tail_s": predicted[s].tail_s,
+            "refit_predicted_step_time_s": (
+                sim.simulate(trace, s, refit, int(config.max_chunk_tokens)).step_time_s
+                if refit
+                else None
+            ),
+            "rounds_step_time_s": [x.step_time_s for x in rs],
+        }
+    out["predicted_async_step_time_s"] = predicted["async"].step_time_s
+    return out
+
+
+def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
+    keys = (
+        "step_time_s",
+        "predicted_step_time_s",
+        "learner_idle_frac",
+        "predicted_learner_idle_frac",
+        "tail_s",
+        "predicted_tail_s",
+    )
+    out = {}
+    for s in schedules:
+        row = {k: float(np.mean([p["schedules"][s][k] for p in per_seed])) for k in keys}
+        row["predicted_error"] = row["step_time_s"] / row["predicted_step_time_s"] - 1.0
+        out[s] = row
+    if "sync" in out:
+        for s, row in out.items():
+            row["speedup_vs_sync"] = out["sync"]["step_time_s"] / row["step_time_s"]
+            row["predicted_speedup_vs_sync"] = (
+                out["sync"]["predicted_step_time_s"] / row["predicted_step_time_s"]
+            )
+    return out
+
+
+def run_benchmark(
+    config: ml_collections.ConfigDict,
+    workdir: str | None = None,
+    learner: BenchLearner | None = None,
+) -> dict:
+    """Calibrates, replays every seed's workload under every schedule, writes DIR/bench.json.
+
+    Args:
+      config: a configs/bench_cpu.py config.
+      workdir: where bench.json goes; None writes nothing.
+      learner: a learner to reuse (a sweep keeps its compiled functions); built if None.
+    Returns:
+      the bench.json content.
+    """
+    for s in config.schedules:
+        if s not in MEASURED:
+            raise ValueError(f"schedules={tuple(config.schedules)}: {s!r} is not one of {MEASURED}")
+    if int(config.rounds) < 1 or int(config.warmup) < 0 or not config.seeds:
+        raise ValueError(
+            f"rounds={config.rounds} must be >= 1, warmup={config.warmup} >= 0, seeds non-empty"
+        )
+    learner = learner or learner_from_config(config)
+    first = workload.fit_lengths(_seed_trace(config, config.seeds[0]), learner.seq_buckets[-1])[0]
+    num_groups, group_size = workload.group_shape(first)
+    cost, table = learner.calibrate(num_groups, group_size, int(config.calibration_reps))
+    log.info("calibrated: %s", cost)
+    per_seed = [_run_seed(learner, config, cost, int(seed)) for seed in config.seeds]
+    result = {
+        "schedules": _summarize(per_seed, list(config.schedules)),
+        "predicted_async_step_time_s": float(
+            np.mean([p["predicted_async_step_time_s"] for p in per_seed])
+        ),
+        "cost_model": {
+            "fixed_s": cost.fixed_s,
+            "per_token_s": cost.per_token_s,
+            "opt_s": cost.opt_s,
+            "buckets": list(cost.buckets),
+            "row_padding": cost.row_padding,
+        },
+        "calibration": table,
+        "per_seed": dict(zip((str(s) for s in config.seeds), per_seed, strict=True)),
+        "config": config.to_dict(),
+    }
+    if workdir is not None:
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, BENCH_FILE), "w") as f:
+            json.dump(result, f, indent=2, default=list)
+    return result
+
+
+def format_table(result: dict) -> str:
+    """A plain-text summary of bench.json's schedules."""
+    lines = [
+        f"{'schedule':8s} {'step_s':>8s} {'pred_s':>8s} {'err':>7s} {'speedup':>8s} "
+        f"{'pred_x':>7s} {'idle':>6s} {'tail_s':>7s}"
+    ]
+    for s, row in result["schedules"].items():
+        lines.append(
+            f"{s:8s} {row['step_time_s']:8.3f} {row['predicted_step_time_s']:8.3f} "
+            f"{100 * row['predicted_error']:+6.1f}% {row.get('speedup_vs_sync', 1.0):8.2f} "
+            f"{row.get('predicted_speedup_vs_sync', 1.0):7.2f} {row['learner_idle_frac']:6.3f} "
+            f"{row['tail_s']:7.3f}"
+        )
+    return "\n".join(lines)
