@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-APT_PACKAGES := bubblewrap git
+APT_PACKAGES := bubblewrap git patch util-linux
 RUN_DIR ?= runs/cpu
 PYTEST_ARGS ?=
 
@@ -27,7 +27,7 @@ $(STAMP): setup.py pyproject.toml | $(VENV)/bin/python
 # bubblewrap is the sandbox; install it when missing and we can (root + apt).
 sysdeps:
 	@missing=""; for p in $(APT_PACKAGES); do \
-	  command -v $$( [ $$p = bubblewrap ] && echo bwrap || echo $$p ) >/dev/null 2>&1 || missing="$$missing $$p"; \
+	  command -v $$(case $$p in bubblewrap) echo bwrap;; util-linux) echo setpriv;; *) echo $$p;; esac) >/dev/null 2>&1 || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -100,6 +100,7 @@ def get_base_config() -> ml_collections.ConfigDict:
             num_tasks=32,
             sandbox_timeout_s=20.0,
             sandbox_memory_mb=1024,
+            partial_credit=False,  # reward = fraction of tests passing instead of all-or-nothing
         )
     )
     c.learner = ml_collections.ConfigDict(

@@ -109,3 +109,28 @@ def test_score_is_log_softmax_of_the_model(engine, model):
 def test_submit_validates(engine, tiny):
     with pytest.raises(RequestError, match="empty prompt"):
         engine.submit(GenerateRequest("e", [], sampling.SamplingParams(), (0, 0, 0, 0)))
+
+
+def test_lora_adapter_snapshots_are_served_merged_into_the_base(model, engine, tmp_path):
+    from flax import nnx
+
+    from thundersync_jax.models import lora
+    from thundersync_jax.rollout import snapshots
+
+    base = nnx.split(model, nnx.Param)[1]
+    targets = ("q_proj", "down_proj")
+    adapters = lora.init(base, 2, 4.0, targets, key=jax.random.key(1))
+    adapters = jax.tree.map(lambda x: x + 0.01, adapters)  # B != 0: a visible update
+    path = snapshots.publish(adapters, 1, str(tmp_path), kind="lora_adapters")
+    with pytest.raises(snapshots.SnapshotError, match="started without LoRA"):
+        engine.load_weights(path, 1)
+    lora_engine = embedded.EmbeddedEngine(
+        model, max_batch=1, max_seq_len=16, lora=(2, 4.0, targets)
+    )
+    lora_engine.load_weights(path, 1)
+    assert lora_engine.version == 1
+    want = jax.tree.leaves(lora.merge(base, adapters))
+    got = jax.tree.leaves(lora_engine.params)
+    assert any(not np.allclose(w, b) for w, b in zip(want, jax.tree.leaves(base), strict=True))
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)

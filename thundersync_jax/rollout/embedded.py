@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from thundersync_jax.models import lora as lora_lib
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import protocol, snapshots
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
@@ -72,6 +73,9 @@ class EmbeddedEngine:
       max_seq_len: tokens per row (prompt + generation).
       version: policy version of the initial weights.
       cache_dtype: dtype of the KV cache (default: the model's compute dtype).
+      lora: (rank, alpha, targets) when the learner trains LoRA adapters and publishes only
+        them (kind "lora_adapters"): the engine keeps its initial weights as the frozen base
+        and serves base + adapters. Full or merged snapshots replace the weights as usual.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class EmbeddedEngine:
         max_seq_len: int = 512,
         version: int = INITIAL_VERSION,
         cache_dtype: Any = None,
+        lora: tuple[int, float, Sequence[str]] | None = None,
     ):
         if max_batch < 1 or max_seq_len < 2:
             raise ValueError(
@@ -93,6 +98,13 @@ class EmbeddedEngine:
         self.rows_n = max_batch
         self.buckets = length_buckets(max_seq_len)
         self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._base_params = self._params
+        self._adapters_like = None
+        if lora is not None:
+            rank, alpha, targets = lora
+            self._adapters_like = jax.eval_shape(
+                lambda p: lora_lib.init(p, rank, alpha, tuple(targets)), self._params
+            )
         self._cache = qwen3.init_cache(self.cfg, max_batch, max_seq_len, cache_dtype or model.dtype)
         self._rows: list[_Row | None] = [None] * max_batch
         self._queue: collections.deque[GenerateRequest] = collections.deque()
@@ -125,7 +137,10 @@ class EmbeddedEngine:
             )
         else:
             raise ValueError("the embedded engine needs --checkpoint or --model-config")
-        return cls(model, max_batch=args.max_batch, max_seq_len=args.max_seq_len)
+        lora = None
+        if args.lora_rank:
+            lora = (args.lora_rank, args.lora_alpha, tuple(args.lora_targets.split(",")))
+        return cls(model, max_batch=args.max_batch, max_seq_len=args.max_seq_len, lora=lora)
 
     @staticmethod
     def _key_data_of(key: jax.Array) -> np.ndarray:
@@ -193,16 +208,26 @@ class EmbeddedEngine:
         )
         return [protocol.error_result(rid, reason, self.version) for rid in ids]
 
+    @property
+    def params(self) -> Any:
+        """The parameters being served (nnx.State)."""
+        return self._params
+
     def load_weights(self, path: str, version: int) -> None:
         """Loads a published snapshot; structure, shapes and dtypes must match the model's."""
         manifest = snapshots.read_manifest(path)
         if manifest["kind"] == "lora_adapters":
-            raise snapshots.SnapshotError(
-                f"{path} holds LoRA adapters; the embedded engine loads full or merged weights "
-                "(publish with lora.publish='merged')"
-            )
-        host = snapshots.load(path, expected_version=version, like=self._params)
-        self._params = jax.device_put(host)
+            if self._adapters_like is None:
+                raise snapshots.SnapshotError(
+                    f"{path} holds LoRA adapters but this engine was started without LoRA "
+                    "(--lora-rank); start it with the learner's rank/alpha/targets, or publish "
+                    "merged weights (lora.publish='merged')"
+                )
+            adapters = snapshots.load(path, expected_version=version, like=self._adapters_like)
+            self._params = _merge_lora(self._base_params, jax.device_put(adapters))
+        else:
+            host = snapshots.load(path, expected_version=version, like=self._params)
+            self._params = jax.device_put(host)
         self.version = int(version)
 
     def score(self, token_lists: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -309,6 +334,11 @@ class EmbeddedEngine:
 
 
 # ----------------------------------------------------------------------------- jitted programs
+
+
+@jax.jit
+def _merge_lora(base, adapters):
+    return lora_lib.merge(base, adapters)
 
 
 def _sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):

@@ -292,6 +292,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", help="compute dtype (float32, bfloat16)")
     p.add_argument("--param-dtype", default="float32")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this parent dies")
+    p.add_argument("--lora-rank", type=int, default=0, help="serve base + published adapters")
+    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument(
+        "--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    )
     p.add_argument("--vllm-kwargs", default="{}", help="JSON kwargs for vllm.LLM (vllm engine)")
     return p
 

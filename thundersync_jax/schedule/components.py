@@ -15,9 +15,7 @@ import sys
 from thundersync_jax import metrics
 from thundersync_jax.envs import agent_demos, agent_loop, verify
 from thundersync_jax.envs.agent_samplers import EngineSampler
-from thundersync_jax.envs.swe import instance as swe_instance
-from thundersync_jax.envs.swe import mini_swe
-from thundersync_jax.envs.swe.environment import SweEnvironment
+from thundersync_jax.envs.swe import factory
 from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout.manager import EngineManager
@@ -44,25 +42,11 @@ def configure_logging(workdir: str) -> None:
 
 def build_tasks(config, workdir: str) -> list:
     """The task pool of the run (SWE-bench-format instances)."""
-    env = config.env
-    if env.family == "mini_swe":
-        return mini_swe.generate(
-            int(env.num_tasks), int(config.seed), os.path.join(workdir, "tasks"), env.difficulty
-        )
-    if env.family == "swe_jsonl":
-        return swe_instance.load_jsonl(env.instances)
-    raise ValueError(f"env.family={env.family!r} is not a GRPO family here; use mini_swe|swe_jsonl")
+    return factory.load_instances(config.env, workdir, int(config.seed))
 
 
-def _sandbox_config(config) -> dict:
-    return {
-        "timeout_s": float(config.env.sandbox_timeout_s),
-        "memory_mb": int(config.env.sandbox_memory_mb),
-    }
-
-
-def make_env(config, task, workdir: str) -> SweEnvironment:
-    return SweEnvironment(task, os.path.join(workdir, "episodes"), _sandbox_config(config))
+def make_env(config, task, workdir: str):
+    return factory.make_environment(task, workdir, config.env)
 
 
 def env_factory(config, tasks: list, workdir: str, step: int):

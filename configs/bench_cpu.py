@@ -1,0 +1,73 @@
+r"""Schedule benchmark on 2 CPU cores: a replayed rollout trace, real tiny-Qwen3 learner work.
+
+Command:
+
+    python -m experiments.bench_schedules --config=configs/bench_cpu.py --workdir=runs/bench
+
+What to expect (default: lognormal trace, sigma 1.5, group_icc 0.3, balance 1,
+32 groups x 4, seeds 0 and 1; about 4 min, half of it compiling): DIR/bench.json
+with, per schedule, the measured and predicted step time, learner idle fraction
+and tail. Measured on the shared 2-core dev box: FILLED IN BELOW.
+
+Variants (`--config=configs/bench_cpu.py:VARIANT`):
+  tiny   seconds-long smoke run (tests): 4 groups x 2, one round, one seed
+  sweep  balance x sigma x group_icc grid (~25 min): DIR/sweep.{json,md,png}
+
+Keys: trace ("lognormal" or a JSONL trace written by a training run, e.g.
+DIR/traces/arrivals.jsonl, with trace_step picking the step, -1 the last);
+balance (calibrated learner work / rollout span; arrival times are rescaled);
+sigma, group_icc, num_groups, group_size, mean_tokens (lognormal trace only);
+rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
+(score-gradient shapes; longer trajectories are clipped); max_chunk_tokens
+(the planner's packing budget); calibration_reps.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs.common import get_base_config, tiny_qwen3_model
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    base = get_base_config()
+    c = ml_collections.ConfigDict()
+    c.model = tiny_qwen3_model()
+    c.optim = base.optim
+    c.trace = "lognormal"
+    c.trace_step = -1
+    c.balance = 1.0
+    c.sigma = 1.5
+    c.group_icc = 0.3
+    c.num_groups = 32
+    c.group_size = 4
+    c.mean_tokens = 96
+    c.rounds = 5
+    c.warmup = 1
+    c.seeds = (0, 1)
+    c.schedules = ("sync", "group", "stream")
+    c.seq_buckets = (64, 128, 256)
+    c.max_chunk_tokens = 512
+    c.calibration_reps = 5
+    c.sweep = ml_collections.ConfigDict(
+        dict(balances=(), sigmas=(0.5, 1.5), group_iccs=(0.0, 0.6))
+    )
+    if arg == "tiny":
+        c.num_groups = 4
+        c.group_size = 2
+        c.mean_tokens = 24
+        c.seq_buckets = (32,)
+        c.max_chunk_tokens = 64
+        c.rounds = 1
+        c.warmup = 0
+        c.seeds = (0,)
+        c.calibration_reps = 2
+    elif arg == "sweep":
+        c.sweep.balances = (0.25, 0.5, 1.0, 2.0, 4.0)
+        c.rounds = 3
+        c.warmup = 1
+        c.seeds = (0, 1)
+        c.calibration_reps = 3
+    elif arg not in (None, ""):
+        raise ValueError(f"configs/bench_cpu.py: unknown variant {arg!r}; valid: tiny, sweep")
+    return c

@@ -1,0 +1,216 @@
+"""On-policy distillation: streamed per-turn updates equal the synchronous full-trajectory update.
+
+Scored turns arrive in a random order and run through the trainer's own path (planner →
+run_learner_batch → OpdLearner → accumulators.opd). The reference is the batch-synchronous
+OPD gradient written directly with jax.grad: one full-trajectory forward per trajectory, all
+turns' tokens masked in, Â = stop_gradient(log π_T − log π_s), −(1/N) Σ Â ∇ log π_s.
+The end-to-end smoke run (engine and teacher processes, sandboxed terminal tasks) is last.
+"""
+
+import os
+import queue
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import terminal_opd_cpu
+from thundersync_jax import accumulators, losses
+from thundersync_jax.learner import chunks
+from thundersync_jax.metrics import read_metrics
+from thundersync_jax.models import qwen3
+from thundersync_jax.rollout.staleness import StalePolicyError
+from thundersync_jax.schedule import opd_trainer
+from thundersync_jax.schedule.config_check import ConfigError
+from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.opd_learner import OpdLearner, TurnPayload
+from thundersync_jax.schedule.planner import Planner, WorkItem
+
+K, G = 2, 2
+CFG = qwen3.Qwen3Config(
+    vocab_size=53,
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    head_dim=8,
+    tie_word_embeddings=True,
+)
+
+
+def _full_logprobs(model, tokens: np.ndarray) -> jax.Array:
+    """[T] log π(tokens[t] | tokens[<t]), 0 at t = 0 (one unpadded forward)."""
+    lp = losses.token_logprobs(model(jnp.asarray(tokens)[None, :-1]), jnp.asarray(tokens)[None, 1:])
+    return jnp.pad(lp[0], (1, 0))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    graphdef, params = nnx.split(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), nnx.Param)
+    teacher = qwen3.Qwen3(CFG, rngs=nnx.Rngs(1))
+    rng = np.random.default_rng(11)
+    trajs = {}
+    for k in range(K):
+        for m in range(G):
+            n_turns = int(rng.integers(1, 4))
+            pos = int(rng.integers(3, 6))  # prompt
+            spans = []
+            for _ in range(n_turns):
+                length = int(rng.integers(2, 8))
+                spans.append((pos, pos + length))
+                pos += length + int(rng.integers(1, 6))  # tool results between turns
+            tokens = rng.integers(1, CFG.vocab_size, size=pos).astype(np.int32)
+            t_lp = np.asarray(_full_logprobs(teacher, tokens))
+            trajs[(k, m)] = (tokens, spans, t_lp)
+    return graphdef, params, trajs
+
+
+def _reference(graphdef, params, trajs):
+    """Batch-synchronous OPD gradient: full-trajectory forward, every turn masked in."""
+    n_total = sum(e - s for _, spans, _ in trajs.values() for s, e in spans)
+
+    def objective(p):
+        model = nnx.merge(graphdef, p)
+        total = 0.0
+        for tokens, spans, t_lp in trajs.values():
+            mask = np.zeros(len(tokens), np.float32)
+            for s, e in spans:
+                mask[s:e] = 1
+            lp = _full_logprobs(model, tokens)
+            advantage = jax.lax.stop_gradient(jnp.asarray(t_lp) - lp)  # no gradient through Â
+            total = total + jnp.sum(advantage * mask * lp)
+        return -total / n_total
+
+    return jax.grad(objective)(params), n_total
+
+
+def _arrivals(trajs, seed):
+    """Every turn as a WorkItem, member-closing items after their member's turns, shuffled
+    under that constraint (turns of different members interleave)."""
+    rng = np.random.default_rng(seed)
+    per_member = []
+    for (k, m), (tokens, spans, t_lp) in trajs.items():
+        items = []
+        order = rng.permutation(len(spans))  # turns may be scored out of order
+        for j in order:
+            s, e = spans[j]
+            payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j))
+            items.append(WorkItem(f"g{k}m{m}t{j}", k, 0.0, e - s, 0.0, payload, False, m))
+        items.append(WorkItem(f"g{k}m{m}end", k, 0.0, 0, 0.0, None, True, m))
+        per_member.append(items)
+    out = []
+    while any(per_member):
+        live = [i for i, items in enumerate(per_member) if items]
+        out.append(per_member[int(rng.choice(live))].pop(0))
+    for t, it in enumerate(out):
+        it.arrival_s = float(t)
+    return out
+
+
+def _run(graphdef, params, trajs, schedule, seed, max_chunk_tokens=9):
+    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
+    learner = OpdLearner(accumulators.opd(), score_fn, pad_id=0)
+    learner.begin(params, version=0)
+    q: queue.Queue = queue.Queue()
+    for it in _arrivals(trajs, seed):
+        q.put(it)
+    planner = Planner(schedule, K, G, max_chunk_tokens)
+    stats = run_learner_batch(planner, q, learner.process, timeout_s=5)
+    return learner.finalize(), learner, stats
+
+
+def _rel_err(a, b) -> float:
+    diff = sum(float(jnp.sum((x - y) ** 2)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    norm = sum(float(jnp.sum(y**2)) for y in jax.tree.leaves(b))
+    return float(np.sqrt(diff / norm))
+
+
+@pytest.mark.parametrize("schedule,seed", [("stream", 0), ("stream", 1), ("sync", 2)])
+def test_streamed_turns_equal_synchronous_full_trajectory_update(setup, schedule, seed):
+    graphdef, params, trajs = setup
+    ref, n_total = _reference(graphdef, params, trajs)
+    grads, learner, stats = _run(graphdef, params, trajs, schedule, seed)
+    assert learner.tokens == n_total
+    assert learner.turns == sum(len(spans) for _, spans, _ in trajs.values())
+    if schedule == "stream":
+        assert stats.chunks > K  # the turns really were processed in pieces
+    assert _rel_err(grads, ref) <= 1e-5
+    assert float(sum(jnp.sum(g**2) for g in jax.tree.leaves(ref))) > 0
+
+
+def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup):
+    graphdef, params, trajs = setup
+    model = nnx.merge(graphdef, params)
+    log_ratio = []
+    for tokens, spans, t_lp in trajs.values():
+        lp = np.asarray(_full_logprobs(model, tokens), np.float64)
+        log_ratio += [lp[t] - t_lp[t] for s, e in spans for t in range(s, e)]
+    _, learner, _ = _run(graphdef, params, trajs, "stream", 3)
+    np.testing.assert_allclose(learner.reverse_kl, np.mean(log_ratio), rtol=1e-4)
+
+
+def test_turn_of_another_policy_version_is_refused(setup):
+    graphdef, params, trajs = setup
+    tokens, spans, t_lp = trajs[(0, 0)]
+    s, e = spans[0]
+    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
+    learner = OpdLearner(accumulators.opd(), score_fn, pad_id=0)
+    learner.begin(params, version=3)
+    stale = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 2, 0)
+    with pytest.raises(StalePolicyError, match="version 2"):
+        learner.process([WorkItem("g0m0t0", 0, 0.0, e - s, 0.0, stale, False, 0)])
+
+
+def test_turn_payload_rejects_a_turn_outside_the_trajectory():
+    with pytest.raises(ValueError, match="does not fit"):
+        TurnPayload.from_turn(np.arange(5), 4, [0.1, 0.2, 0.3], 0, 0)
+
+
+def test_opd_config_checks_name_the_bad_value():
+    c = terminal_opd_cpu.get_config("smoke")
+    c.rl.loss_agg = "seq-mean-token-mean"
+    with pytest.raises(ConfigError, match="rl.loss_agg"):
+        opd_trainer.check_opd_config(c)
+    c = terminal_opd_cpu.get_config("smoke")
+    c.env.family = "mini_swe"
+    with pytest.raises(ConfigError, match="env.family"):
+        opd_trainer.check_opd_config(c)
+
+
+NAMES = (
+    "step step_time_s rollout_time_s learner_busy_s learner_idle_frac tail_s publish_s "
+    "max_policy_lag open_groups_peak accum_bytes_peak reward_mean tokens compiles reverse_kl"
+).split()
+
+
+@pytest.mark.slow
+def test_terminal_opd_smoke_run_writes_metrics(tmp_path):
+    # A random-init teacher checkpoint on disk (served by its own engine process) and a
+    # random-init student keep the run free of supervised warm starts.
+    c = terminal_opd_cpu.get_config("smoke")
+    teacher_dir = str(tmp_path / "teacher")
+    qwen3.save_pretrained(
+        qwen3.Qwen3(qwen3.Qwen3Config.from_config_dict(c.teacher.model), rngs=nnx.Rngs(5)),
+        teacher_dir,
+    )
+    c.teacher.checkpoint = teacher_dir
+    c.sft.steps = 0
+    c.num_steps = 1
+    c.rollout.max_turns = 2
+    c.rollout.max_new_tokens_per_turn = 12
+    c.learner.seq_buckets = (1024,)
+    c.metrics.timeline_every = 0
+    c.rollout.snapshot_root = str(tmp_path / "shm")
+    workdir = str(tmp_path / "run")
+    opd_trainer.train(c, workdir)
+    rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [0]
+    for name in NAMES:
+        assert name in rows[0], name
+    assert rows[0]["tokens"] > 0 and np.isfinite(rows[0]["reverse_kl"])
+    assert rows[0]["max_policy_lag"] == 0
+    assert rows[0]["rollout_failures"] == 0
+    assert os.path.exists(os.path.join(workdir, "final", "model.safetensors"))
