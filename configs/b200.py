@@ -1,10 +1,11 @@
-"""SWE GRPO with a 32B-class dense Qwen3 on one 8x B200 node (180 GB per GPU).
+"""SWE GRPO with a 27B-class dense Qwen3 on one 8x B200 node (180 GB per GPU).
 
     python -m experiments.swe_grpo --config=configs/b200.py          # LoRA (default)
     python -m experiments.swe_grpo --config=configs/b200.py:full     # full fine-tuning
 
-Model: Qwen3-32B dimensions (hidden 5120, 64 layers, 64 query / 8 key-value heads of 128,
-MLP 25600, vocabulary 151936, untied head): 32.8B parameters, bf16 weights, per-layer remat.
+Model: Qwen3-32B's attention and width (hidden 5120, 64 layers, 64 query / 8 key-value heads
+of 128, vocabulary 151936, untied head) with an MLP of 19456: 26.7B parameters (Qwen3-32B's
+25600 would be 32.8B, too large for full fine-tuning on half an H200 node); bf16, remat.
 Point `--config.model.checkpoint=DIR` at an HF safetensors directory to start from real weights.
 
 Node split (`c.node`): rollout engines and the learner run at the same time on disjoint GPUs, so
@@ -12,13 +13,13 @@ gradient streaming overlaps the learner's backward passes with the rollouts.
   lora: 4 rollout GPUs (tensor parallel 4) + 4 learner GPUs (mesh fsdp=1 x tp=4). Params
         16.4 GB/GPU; adapters, their grads, Adam state and 1 + 2·8 open-group tallies are a
         few GB; trajectories up to 16k tokens per chunk. Stream schedule.
-  full: 4 rollout GPUs + 4 learner GPUs (mesh fsdp=2 x tp=2). Params 16.4 GB/GPU, one f32
-        gradient 32.8 GB, Adam 65.6 GB, one global tally 32.8 GB; per-open-group f32 tallies
-        of a 32.8B model (2 x 32.8 GB per device each) do not fit, so this variant uses the
-        `group` schedule (each group's gradients start as soon as the group's rewards are in)
+  full: 4 rollout GPUs + 4 learner GPUs (mesh fsdp=1 x tp=4). bf16 params 13.4 GB/GPU, one
+        f32 gradient 26.7 GB, Adam 53.4 GB, one global tally 26.7 GB; per-open-group f32
+        tallies (2 x 26.7 GB per GPU for each open group) do not fit, so this variant uses the
+        `group` schedule (a group's backward passes start as soon as its rewards are in)
         and 8k-token chunks.
-Expect (from `python -m thundersync_jax.learner.memory --config=configs/b200.py`, run it for
-the exact table): lora ≈ 70 GB and full ≈ 160 GB of the 162 GB usable per learner GPU.
+Expect (`python -m thundersync_jax.learner.memory --config=configs/b200.py[:full]` prints the
+table): lora ≈ 108 GB and full ≈ 144 GB of the 162 GB usable per learner GPU.
 Step time depends on rollout length; the learner is idle for less than the rollout tail.
 """
 
@@ -94,7 +95,6 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
     else:
         c.lora.enabled = False
         c.schedule = "group"  # no per-open-group tallies: see the module docstring
-        c.mesh.fsdp, c.mesh.tp = 2, 2
         c.rollout.max_traj_tokens = 8192
         c.learner.seq_buckets = (1024, 2048, 4096, 8192)
         c.optim.learning_rate = 1e-6

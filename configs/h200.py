@@ -7,9 +7,11 @@ Same model and RL settings as configs/b200.py (26.7B parameters, bf16, per-layer
 only the memory budget differs (127 GB usable per GPU after 10% runtime headroom).
   lora: 4 rollout GPUs (one engine, tensor parallel 4) + 4 learner GPUs (mesh fsdp=1 x tp=4),
         stream schedule with up to 8 open groups, chunks up to 16k tokens.
-  full: 4 rollout + 4 learner GPUs (mesh 1 x 4): f32 gradient, one global f32 tally and f32
-        Adam moments of 26.7B params take ~107 GB per learner GPU, so there is no room for
-        open-group tallies (group schedule) and chunks stop at 4k tokens.
+  full: 3 rollout GPUs (three engines, one GPU each: 53 GB of bf16 weights leave ~70 GB of KV
+        cache) + 5 learner GPUs (mesh fsdp=5 x tp=1; 5 divides every "embed" dim). bf16
+        params, one f32 gradient, one global f32 tally and f32 Adam moments of 26.7B params
+        are 96 GB per learner GPU, so there is no room for open-group tallies (group
+        schedule) and chunks stop at 4k tokens (~25 GB of activations).
 Print the plan with `python -m thundersync_jax.learner.memory --config=configs/h200.py:full`.
 """
 
@@ -19,12 +21,17 @@ import ml_collections
 
 from configs import b200
 
+VARIANTS = b200.VARIANTS
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """`configs/h200.py` (LoRA) or `configs/h200.py:full`."""
     c = b200.node_config("H200", 141.0, arg or "lora")
     if c.lora.enabled:
         return c
+    c.node.rollout_gpus, c.node.rollout_tp, c.node.learner_gpus = 3, 1, 5
+    c.rollout.num_engines = 3
+    c.mesh.fsdp, c.mesh.tp = 5, 1
     c.rollout.max_traj_tokens = 4096
     c.learner.seq_buckets = (1024, 2048, 4096)
     return c

@@ -40,7 +40,7 @@ def score_grad(model_parts):
 
 def _assert_trees_close(x, y, rtol=1e-4, atol=1e-5):
     assert jax.tree.structure(x) == jax.tree.structure(y)
-    for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
+    for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
 
 
@@ -88,7 +88,9 @@ def test_packed_rows_equal_sum_of_single_rows(model_parts, score_grad):
     weights = [[1.0 / (len(r) - 3)] * len(r) for r in rows]  # seq-mean-token-mean: w_j = 1/n_j
     tokens, mask, w = buckets.pack_sequences(rows, masks, weights)
     h_packed, n_packed = score_grad(params, tokens, mask, w)
-    singles = [score_grad(params, [r], [m], [wr]) for r, m, wr in zip(rows, masks, weights)]
+    singles = [
+        score_grad(params, [r], [m], [wr]) for r, m, wr in zip(rows, masks, weights, strict=True)
+    ]
     assert n_packed == sum(n for _, n in singles) == 6 + 11 + 2
     _assert_trees_close(h_packed, _tree_sum(*(h for h, _ in singles)))
 
@@ -107,7 +109,9 @@ def test_per_turn_gradients_sum_to_trajectory_gradient(model_parts, score_grad):
         full_mask[start:end] = 1
         turn_mask = np.zeros(end, np.float32)
         turn_mask[start:end] = 1
-        per_turn.append(score_grad(params, trajectory[None, :end], turn_mask[None], adv[None, :end]))
+        per_turn.append(
+            score_grad(params, trajectory[None, :end], turn_mask[None], adv[None, :end])
+        )
     h_full, n_full = score_grad(params, trajectory[None], full_mask[None], adv[None])
     assert n_full == sum(n for _, n in per_turn) == 7 + 7 + 4
     _assert_trees_close(h_full, _tree_sum(*(h for h, _ in per_turn)))

@@ -16,8 +16,9 @@ from thundersync_jax.learner.train_state import (
 
 
 def _optim(**kw):
-    base = dict(name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.0,
-                max_grad_norm=1.0)
+    base = dict(
+        name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.0, max_grad_norm=1.0
+    )
     base.update(kw)
     return ml_collections.ConfigDict(base)
 

@@ -49,7 +49,7 @@ def test_init_finds_every_projection_with_zero_b(model_parts):
     assert all(float(jnp.abs(p["b"]).max()) == 0.0 for p in adapters.weights.values())
     assert all(float(jnp.abs(p["a"]).max()) > 0.0 for p in adapters.weights.values())
     merged = jax.jit(lora.merge)(params, adapters)
-    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(merged)):
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(merged), strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -98,7 +98,7 @@ def test_unmerge_inverts_merge(model_parts):
     _, params = model_parts
     adapters = _random_b(lora.init(params, rank=4, alpha=8.0))
     restored = jax.jit(lambda p, a: lora.unmerge(lora.merge(p, a), a))(params, adapters)
-    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(restored)):
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(restored), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-6)
 
 
@@ -149,6 +149,7 @@ def test_optax_state_is_adapter_sized_and_step_leaves_base_alone(model_parts):
     new_adapters, _, _ = step(adapters, opt_state, params)
     assert jax.tree.structure(new_adapters) == jax.tree.structure(adapters)
     moved = [
-        float(jnp.abs(x - y).max()) for x, y in zip(*map(jax.tree.leaves, (new_adapters, adapters)))
+        float(jnp.abs(x - y).max())
+        for x, y in zip(*map(jax.tree.leaves, (new_adapters, adapters)), strict=True)
     ]
     assert max(moved) > 0

@@ -67,7 +67,7 @@ def test_sharded_forward_and_gradients_match_single_device(single_device, fsdp, 
 
     fn = chunks.make_score_grad_fn(graphdef, BUCKETS, out_shardings=shardings)
     h, _ = fn(sharded, tokens, mask)
-    for got, want, s in zip(*map(jax.tree.leaves, (h, h_ref, shardings))):
+    for got, want, s in zip(*map(jax.tree.leaves, (h, h_ref, shardings)), strict=True):
         assert got.sharding.is_equivalent_to(s, got.ndim), (got.sharding, s)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
@@ -83,7 +83,9 @@ def test_indivisible_dim_error_names_param_dim_and_axis():
         head_dim=6,
     )
     _, abstract = _abstract(bad)
-    with pytest.raises(ValueError, match=r"embed_tokens/embedding: dim 1 \('embed', size 18\).*fsdp"):
+    with pytest.raises(
+        ValueError, match=r"embed_tokens/embedding: dim 1 \('embed', size 18\).*fsdp"
+    ):
         sharding.param_shardings(abstract, sharding.DEFAULT_RULES, sharding.make_mesh(4, 2))
     # Replicating the offending logical axis is the documented way out.
     rules = {**sharding.DEFAULT_RULES, "embed": None}

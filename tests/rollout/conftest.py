@@ -1,6 +1,5 @@
 """Fixtures of the rollout tests: a tiny Qwen3 and a real server process running it."""
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 from flax import nnx
 
 from thundersync_jax.models import qwen3
+from thundersync_jax.rollout import server as rollout_server
 from thundersync_jax.rollout.client import EngineClient
 
 # Prime-sized dims catch transposed axes; small enough that a server starts and compiles fast.
@@ -42,16 +42,9 @@ def _model(seed: int = INIT_SEED, sharp: bool = False) -> qwen3.Qwen3:
 
 def _server_args(rows: int = ROWS, max_seq_len: int = MAX_SEQ_LEN) -> list[str]:
     """Command-line arguments of a rollout server running the tiny model (seed INIT_SEED)."""
-    return [
-        "--model-config",
-        json.dumps(TINY.to_hf()),
-        "--init-seed",
-        str(INIT_SEED),
-        "--max-batch",
-        str(rows),
-        "--max-seq-len",
-        str(max_seq_len),
-    ]
+    return rollout_server.server_args(
+        TINY.to_hf(), init_seed=INIT_SEED, max_batch=rows, max_seq_len=max_seq_len
+    )
 
 
 def _server_env() -> dict[str, str]:

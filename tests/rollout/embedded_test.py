@@ -3,7 +3,6 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -95,13 +94,16 @@ def test_cancel_frees_queued_and_running_requests(engine):
     assert sorted(results) == [f"c{i}" for i in range(1, ROWS)]
 
 
-def test_score_is_log_softmax_of_the_model(engine, model):
-    seqs = [[5, 3, 9, 1, 40], list(range(1, 14))]  # one length bucket: one compilation
-    scored = engine.score(seqs)
-    for seq, got in zip(seqs, scored, strict=True):
-        logp = jax.nn.log_softmax(model(jnp.asarray([seq])), axis=-1)[0, :-1]
-        want = np.take_along_axis(np.asarray(logp), np.asarray(seq)[1:, None], axis=-1)[:, 0]
-        np.testing.assert_allclose(got, want, atol=1e-5)
+def test_score_equals_the_generators_logprobs_at_temperature_one(engine, model):
+    # At temperature 1 without top-p the sampled log-probs are the model's own log-softmax.
+    sp = sampling.SamplingParams(temperature=1.0, max_new_tokens=11)
+    prompts = [[5, 3, 9, 1, 40], [7] * 13]
+    keys = [sampling.sequence_key(8, 0, i, 0) for i in range(2)]
+    refs = sampling.generate(model, prompts, keys, sp)
+    scored = engine.score([p + r.tokens for p, r in zip(prompts, refs, strict=True)])
+    for prompt, ref, got in zip(prompts, refs, scored, strict=True):
+        assert got.shape == (len(prompt) + len(ref.tokens) - 1,)
+        np.testing.assert_allclose(got[len(prompt) - 1 :], ref.logprobs, atol=1e-5)
     with pytest.raises(RequestError, match="token ids outside"):
         engine.score([[1, 99]])
 

@@ -23,7 +23,11 @@ def test_killed_engine_is_restarted_reloaded_and_retried_with_the_same_keys(tiny
     model = tiny.model(seed=21, sharp=True)
     params = nnx.split(model, nnx.Param)[1]
     mgr = EngineManager(
-        tiny.server_args(), num_engines=1, heartbeat_s=0.1, env=tiny.server_env()
+        tiny.server_args(),
+        num_engines=1,
+        heartbeat_s=0.1,
+        heartbeat_timeout_s=5.0,
+        env=tiny.server_env(),
     ).start()
     try:
         path = mgr.publish(params, 1, str(tmp_path / "snapshots"))
@@ -60,10 +64,17 @@ def test_killed_engine_is_restarted_reloaded_and_retried_with_the_same_keys(tiny
             assert res.logprobs == pytest.approx(want.logprobs, abs=1e-6)
             check_version(res.policy_version, 1)  # the restarted engine reloaded v1
         assert set(arrived_after_kill) == {f"b{i}" for i in range(4)}
+
+        # A hung engine (SIGSTOP: alive, silent) misses its heartbeats and is replaced too.
+        hung_pid = mgr.pids[0]
+        os.kill(hung_pid, signal.SIGSTOP)
+        (res,) = mgr.generate(_requests("c", 1, 40))
+        assert res.tokens == before["0"].tokens and res.policy_version == 1
+        assert mgr.restarts == [2] and mgr.pids[0] != hung_pid
         new_pid = mgr.pids[0]
     finally:
         mgr.close()
-    assert not os.path.exists(f"/proc/{old_pid}") and not os.path.exists(f"/proc/{new_pid}")
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in (old_pid, hung_pid, new_pid))
 
 
 def test_engine_that_cannot_start_fails_clearly(tiny):

@@ -33,7 +33,7 @@ CFG = qwen3.Qwen3Config(
     vocab_size=53,
     hidden_size=24,
     intermediate_size=40,
-    num_hidden_layers=2,
+    num_hidden_layers=1,
     num_attention_heads=3,
     num_key_value_heads=1,
     head_dim=8,
@@ -41,18 +41,32 @@ CFG = qwen3.Qwen3Config(
 )
 
 
-def _full_logprobs(model, tokens: np.ndarray) -> jax.Array:
-    """[T] log π(tokens[t] | tokens[<t]), 0 at t = 0 (one unpadded forward)."""
-    lp = losses.token_logprobs(model(jnp.asarray(tokens)[None, :-1]), jnp.asarray(tokens)[None, 1:])
-    return jnp.pad(lp[0], (1, 0))
+WIDTH = 32  # every test trajectory fits; one padded width keeps compiles few
+
+
+def _logprobs(model, tokens: jax.Array) -> jax.Array:
+    """[B, W] log π(tokens[:, t] | tokens[:, <t]), 0 at t = 0 (right padding is inert: causal)."""
+    lp = losses.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
+    return jnp.pad(lp, ((0, 0), (1, 0)))
+
+
+def _padded(trajs) -> tuple[np.ndarray, np.ndarray]:
+    """[B, W] tokens and the all-turns mask of every trajectory, right-padded."""
+    tokens = np.zeros((len(trajs), WIDTH), np.int32)
+    mask = np.zeros((len(trajs), WIDTH), np.float32)
+    for row, (toks, spans, _) in enumerate(trajs.values()):
+        tokens[row, : len(toks)] = toks
+        for s, e in spans:
+            mask[row, s:e] = 1
+    return tokens, mask
 
 
 @pytest.fixture(scope="module")
 def setup():
     graphdef, params = nnx.split(qwen3.Qwen3(CFG, rngs=nnx.Rngs(0)), nnx.Param)
-    teacher = qwen3.Qwen3(CFG, rngs=nnx.Rngs(1))
+    t_graphdef, t_params = nnx.split(qwen3.Qwen3(CFG, rngs=nnx.Rngs(1)), nnx.Param)
     rng = np.random.default_rng(11)
-    trajs = {}
+    layout = {}
     for k in range(K):
         for m in range(G):
             n_turns = int(rng.integers(1, 4))
@@ -61,30 +75,46 @@ def setup():
             for _ in range(n_turns):
                 length = int(rng.integers(2, 8))
                 spans.append((pos, pos + length))
-                pos += length + int(rng.integers(1, 6))  # tool results between turns
-            tokens = rng.integers(1, CFG.vocab_size, size=pos).astype(np.int32)
-            t_lp = np.asarray(_full_logprobs(teacher, tokens))
-            trajs[(k, m)] = (tokens, spans, t_lp)
+                pos += length + int(rng.integers(1, 4))  # tool results between turns
+            assert pos <= WIDTH
+            layout[(k, m)] = (rng.integers(1, CFG.vocab_size, size=pos).astype(np.int32), spans)
+    tokens, _ = _padded({km: (t, s, None) for km, (t, s) in layout.items()})
+    teacher_lp = jax.jit(lambda p, x: _logprobs(nnx.merge(t_graphdef, p), x))(t_params, tokens)
+    trajs = {
+        km: (toks, spans, np.asarray(teacher_lp[row, : len(toks)]))
+        for row, (km, (toks, spans)) in enumerate(layout.items())
+    }
     return graphdef, params, trajs
+
+
+@pytest.fixture(scope="module")
+def learner(setup):
+    """One learner for every run of the module, so its jitted functions compile once."""
+    graphdef, _, _ = setup
+    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(WIDTH,), pad_id=0)
+    return OpdLearner(accumulators.opd(), score_fn, pad_id=0)
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    graphdef, params, trajs = setup
+    return _reference(graphdef, params, trajs)
 
 
 def _reference(graphdef, params, trajs):
     """Batch-synchronous OPD gradient: full-trajectory forward, every turn masked in."""
-    n_total = sum(e - s for _, spans, _ in trajs.values() for s, e in spans)
+    tokens, mask = _padded(trajs)
+    teacher_lp = np.zeros((len(trajs), WIDTH), np.float32)
+    for row, (toks, _, t_lp) in enumerate(trajs.values()):
+        teacher_lp[row, : len(toks)] = t_lp
+    n_total = int(mask.sum())
 
     def objective(p):
-        model = nnx.merge(graphdef, p)
-        total = 0.0
-        for tokens, spans, t_lp in trajs.values():
-            mask = np.zeros(len(tokens), np.float32)
-            for s, e in spans:
-                mask[s:e] = 1
-            lp = _full_logprobs(model, tokens)
-            advantage = jax.lax.stop_gradient(jnp.asarray(t_lp) - lp)  # no gradient through Â
-            total = total + jnp.sum(advantage * mask * lp)
-        return -total / n_total
+        lp = _logprobs(nnx.merge(graphdef, p), tokens)
+        advantage = jax.lax.stop_gradient(teacher_lp - lp)  # no gradient through Â
+        return -jnp.sum(advantage * mask * lp) / n_total
 
-    return jax.grad(objective)(params), n_total
+    return jax.jit(jax.grad(objective))(params), n_total
 
 
 def _arrivals(trajs, seed):
@@ -110,9 +140,7 @@ def _arrivals(trajs, seed):
     return out
 
 
-def _run(graphdef, params, trajs, schedule, seed, max_chunk_tokens=9):
-    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
-    learner = OpdLearner(accumulators.opd(), score_fn, pad_id=0)
+def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9):
     learner.begin(params, version=0)
     q: queue.Queue = queue.Queue()
     for it in _arrivals(trajs, seed):
@@ -123,16 +151,19 @@ def _run(graphdef, params, trajs, schedule, seed, max_chunk_tokens=9):
 
 
 def _rel_err(a, b) -> float:
-    diff = sum(float(jnp.sum((x - y) ** 2)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    diff = sum(float(jnp.sum((x - y) ** 2)) for x, y in pairs)
     norm = sum(float(jnp.sum(y**2)) for y in jax.tree.leaves(b))
     return float(np.sqrt(diff / norm))
 
 
 @pytest.mark.parametrize("schedule,seed", [("stream", 0), ("stream", 1), ("sync", 2)])
-def test_streamed_turns_equal_synchronous_full_trajectory_update(setup, schedule, seed):
-    graphdef, params, trajs = setup
-    ref, n_total = _reference(graphdef, params, trajs)
-    grads, learner, stats = _run(graphdef, params, trajs, schedule, seed)
+def test_streamed_turns_equal_synchronous_full_trajectory_update(
+    setup, learner, reference, schedule, seed
+):
+    _, params, trajs = setup
+    ref, n_total = reference
+    grads, learner, stats = _run(learner, params, trajs, schedule, seed)
     assert learner.tokens == n_total
     assert learner.turns == sum(len(spans) for _, spans, _ in trajs.values())
     if schedule == "stream":
@@ -141,23 +172,21 @@ def test_streamed_turns_equal_synchronous_full_trajectory_update(setup, schedule
     assert float(sum(jnp.sum(g**2) for g in jax.tree.leaves(ref))) > 0
 
 
-def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup):
+def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learner):
     graphdef, params, trajs = setup
-    model = nnx.merge(graphdef, params)
+    tokens, _ = _padded(trajs)
+    student_lp = np.asarray(_logprobs(nnx.merge(graphdef, params), tokens), np.float64)
     log_ratio = []
-    for tokens, spans, t_lp in trajs.values():
-        lp = np.asarray(_full_logprobs(model, tokens), np.float64)
-        log_ratio += [lp[t] - t_lp[t] for s, e in spans for t in range(s, e)]
-    _, learner, _ = _run(graphdef, params, trajs, "stream", 3)
+    for row, (_, spans, t_lp) in enumerate(trajs.values()):
+        log_ratio += [student_lp[row, t] - t_lp[t] for s, e in spans for t in range(s, e)]
+    _, learner, _ = _run(learner, params, trajs, "stream", 3)
     np.testing.assert_allclose(learner.reverse_kl, np.mean(log_ratio), rtol=1e-4)
 
 
-def test_turn_of_another_policy_version_is_refused(setup):
-    graphdef, params, trajs = setup
+def test_turn_of_another_policy_version_is_refused(setup, learner):
+    _, params, trajs = setup
     tokens, spans, t_lp = trajs[(0, 0)]
     s, e = spans[0]
-    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
-    learner = OpdLearner(accumulators.opd(), score_fn, pad_id=0)
     learner.begin(params, version=3)
     stale = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 2, 0)
     with pytest.raises(StalePolicyError, match="version 2"):

@@ -96,8 +96,11 @@ def _dtype_bytes(name: str) -> int:
     return jnp.dtype(name).itemsize
 
 
-def _abstract_params(model_config: Any) -> Any:
+def abstract_params(model_config: Any, num_layers: int | None = None) -> Any:
+    """Param shapes (`jax.ShapeDtypeStruct`s in an nnx.State) of the configured Qwen3."""
     cfg = qwen3.Qwen3Config.from_config_dict(model_config)
+    if num_layers is not None:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=num_layers)
     dtype = jnp.dtype(model_config.param_dtype)
     model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
     return nnx.split(model, nnx.Param)[1]
@@ -113,7 +116,10 @@ def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
 
 def param_shard_elements(config: Any) -> tuple[int, int, int]:
     """(total params, params per device, targeted-by-LoRA params per device) under the rules."""
-    abstract = _abstract_params(config.model)
+    # Decoder layers are identical, so one layer's shapes stand for all of them: tracing the
+    # init of a 64-layer model costs seconds to minutes, one layer costs milliseconds.
+    layers = int(config.model.num_hidden_layers)
+    abstract = abstract_params(config.model, num_layers=1)
     mesh_shape = {"fsdp": int(config.mesh.fsdp), "tp": int(config.mesh.tp)}
     # The specs only need the axis sizes, so no devices are required.
     mesh = types.SimpleNamespace(shape=mesh_shape)
@@ -123,11 +129,12 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
     flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     flat_params = jax.tree_util.tree_leaves_with_path(abstract)
     for (keypath, leaf), spec in zip(flat_params, flat_specs, strict=True):
-        size = math.prod(leaf.shape)
+        path = [str(getattr(k, "key", getattr(k, "name", k))) for k in keypath]
+        copies = layers if path[0] == "layers" else 1
+        size = math.prod(leaf.shape) * copies
         local = size // _shard_ways(spec, mesh_shape)
         total += size
         per_device += local
-        path = [str(getattr(k, "key", getattr(k, "name", k))) for k in keypath]
         if leaf.ndim >= 2 and any(p in targets for p in path):
             targeted += local
     return total, per_device, targeted
@@ -233,3 +240,19 @@ def plan(config: Any) -> MemoryPlan:
         chunk_tokens=chunk_tokens,
         rollout_weights=total * 2 // int(node.rollout_tp),
     )
+
+
+def main(argv: Any) -> None:
+    """`python -m thundersync_jax.learner.memory --config=configs/b200.py:full` prints the plan."""
+    del argv
+    result = plan(_CONFIG.value)
+    print(result.table())
+    print(f"fits: {result.fits}")
+
+
+if __name__ == "__main__":
+    from absl import app
+    from ml_collections import config_flags
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "run config file", lock_config=True)
+    app.run(main)

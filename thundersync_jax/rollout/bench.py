@@ -8,7 +8,6 @@ buffer holding all parameter bytes into a preallocated buffer: the fastest the b
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from thundersync_jax.rollout import server as rollout_server
 from thundersync_jax.rollout import snapshots
 
 
@@ -85,7 +85,7 @@ def measure_publication(
     num_bytes = sum(int(np.asarray(x).nbytes) for x in _leaves(params))
     os.makedirs(base, exist_ok=True)
     root = tempfile.mkdtemp(prefix="bench-publish-", dir=base)
-    server_args = ["--model-config", json.dumps(hf), "--max-batch", "1", "--max-seq-len", "16"]
+    server_args = rollout_server.server_args(hf, max_batch=1, max_seq_len=16)
     write_s, load_s, total_s = [], [], []
     mgr = EngineManager(server_args, num_engines=1, env=env).start()
     try:

@@ -301,6 +301,41 @@ def build_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
+def server_args(
+    hf_config: dict | None = None,
+    *,
+    engine: str = "embedded",
+    checkpoint: str = "",
+    init_seed: int = 0,
+    max_batch: int = 8,
+    max_seq_len: int = 512,
+    dtype: str = "float32",
+    param_dtype: str = "float32",
+    lora: tuple[int, float, Sequence[str]] | None = None,
+    vllm_kwargs: dict | None = None,
+) -> list[str]:
+    """The command line (minus --address/--parent-pid) for EngineManager(server_args=...).
+
+    Args:
+      hf_config: the model's HF config dict (`qwen3.Qwen3Config.to_hf()`), for a random init
+        with `init_seed` when there is no `checkpoint`.
+      lora: (rank, alpha, targets) to serve published LoRA adapters on the initial weights.
+    """
+    args = ["--engine", engine, "--init-seed", str(init_seed), "--max-batch", str(max_batch)]
+    args += ["--max-seq-len", str(max_seq_len), "--dtype", dtype, "--param-dtype", param_dtype]
+    if hf_config is not None:
+        args += ["--model-config", json.dumps(hf_config)]
+    if checkpoint:
+        args += ["--checkpoint", checkpoint]
+    if lora is not None:
+        rank, alpha, targets = lora
+        args += ["--lora-rank", str(rank), "--lora-alpha", str(alpha)]
+        args += ["--lora-targets", ",".join(targets)]
+    if vllm_kwargs:
+        args += ["--vllm-kwargs", json.dumps(vllm_kwargs)]
+    return args
+
+
 def build_backend(args: argparse.Namespace) -> Backend:
     """Creates the backend named by --engine; JAX (or vLLM) is first imported here."""
     if args.engine == "vllm":

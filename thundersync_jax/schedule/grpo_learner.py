@@ -4,6 +4,9 @@ The planner hands over chunks of trajectories sharing one (group, reward) slot;
 each becomes one jitted score-gradient call whose rows are the trajectories,
 each row weighted by its loss-aggregation weight w_i, and one
 `add_weighted` into the streaming accumulator. `finalize` then gives ∇L.
+With regularizers (KL to reference, entropy) the accumulator is an
+`accumulators.combine(...)` one and each chunk's term gradients go straight into
+its global tally with `add_term`.
 """
 
 from __future__ import annotations
@@ -50,14 +53,33 @@ class GrpoLearner:
       pad_id: padding token id.
       enforce_version: reject trajectories sampled by another policy version (sync,
         group and stream); off only for the `async` staleness baseline.
+      regularizer_fn: `schedule.regularizers.RegularizerGradFn` for the terms of a combined
+        `acc` (`accumulators.combine`), or None.
     """
 
-    def __init__(self, acc, score_fn, pad_id: int, enforce_version: bool = True):
+    def __init__(
+        self, acc, score_fn, pad_id: int, enforce_version: bool = True, regularizer_fn=None
+    ):
         self.acc = acc
         self.score_fn = score_fn
         self.pad_id = pad_id
         self.enforce_version = enforce_version
         self._add = jax.jit(acc.add_weighted, donate_argnums=0)
+        # A combined accumulator wraps the policy's; w_i is the policy's loss weight.
+        self.loss_weight = getattr(acc, "policy", acc).loss_weight
+        self.regularizer_fn = regularizer_fn
+        if regularizer_fn is not None:
+            have = sorted(getattr(acc, "terms", ()))
+            if sorted(regularizer_fn.terms) != have:
+                raise ValueError(
+                    f"regularizer terms {regularizer_fn.terms} need an accumulator combined with "
+                    f"the same terms (accumulators.combine), got {have}"
+                )
+            # A chunk's term gradient arrives already weighted row by row (Σ_i w_i g_i); it is
+            # added with num_tokens=1, whose loss weight must then be 1 (all built-in modes).
+            if float(self.loss_weight(1)) != 1.0:
+                raise ValueError("regularizers need a loss_agg mode whose weight at 1 token is 1")
+            self._add_term = jax.jit(acc.add_term, static_argnums=1, donate_argnums=0)
         self.state = None
         self.params = None
         self.base_params = None
@@ -80,10 +102,16 @@ class GrpoLearner:
                 if self.enforce_version:
                     check_version(v, self.version, what=f"trajectory {item.item_id}")
                 self.max_lag = max(self.max_lag, self.version - int(v))
-        tokens, mask, weights, n = pack_rows(trajs, self.acc.loss_weight, self.pad_id)
+        tokens, mask, weights, n = pack_rows(trajs, self.loss_weight, self.pad_id)
         h, _ = self.score_fn(self.params, tokens, mask, weights, base_params=self.base_params)
         head = chunk[0]
         self.state = self._add(self.state, head.group, head.reward, h, n, len(chunk))
+        if self.regularizer_fn is not None:
+            terms = self.regularizer_fn(
+                self.params, tokens, mask, weights, base_params=self.base_params
+            )
+            for name, grad in terms.items():
+                self.state = self._add_term(self.state, name, grad, 1)
         self.tokens += n
         self.rewards.extend(float(item.reward) for item in chunk)
 

@@ -32,7 +32,7 @@ from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3, tokenizer
 from thundersync_jax.schedule import components as setup
-from thundersync_jax.schedule import rollouts
+from thundersync_jax.schedule import lora_policy, regularizers, rollouts
 from thundersync_jax.schedule.config_check import check_config
 from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
@@ -77,11 +77,23 @@ class _Run:
     learner: GrpoLearner
     limits: agent_loop.LoopLimits
     apply_update: Any
+    policy: lora_policy.Policy
+
+    def publish(self, trainable, version: int) -> None:
+        """Sends the policy for `trainable` to every engine (merged or adapters under LoRA)."""
+        if not self.policy.is_lora:
+            self.fleet.publish(trainable, version)
+            return
+        tree = self.policy.publishable(trainable)
+        kind = self.policy.publish_kind
+        self.fleet.manager.publish(tree, int(version), self.fleet.root, kind=kind)
 
 
 def train(config, workdir: str) -> dict:
     """Runs (or resumes) training; returns the last step's metrics."""
     check_config(config)
+    lora_policy.check_lora_config(config)
+    reg_coefs = regularizers.term_coefficients(config.rl)  # also rejects a bad kl_estimator
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
     setup.configure_logging(workdir)
@@ -92,8 +104,10 @@ def train(config, workdir: str) -> dict:
     tasks = setup.build_tasks(config, workdir)
     model = setup.warm_start(config, tasks, tok, workdir)
     graphdef, params = nnx.split(model, nnx.Param)
+    # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
+    policy = lora_policy.make_policy(config, params)
     optimizer = make_optimizer(config.optim)
-    state = init_train_state(params, optimizer, int(config.seed))
+    state = init_train_state(policy.trainable, optimizer, int(config.seed))
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
     restored = ckpt.restore_latest(state)
     if restored is not None:
@@ -102,7 +116,7 @@ def train(config, workdir: str) -> dict:
     first_step = int(state.step)
     _trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
-        path = export_final(graphdef, state.params, workdir)
+        path = export_final(graphdef, policy.full_params(state.params), workdir)
         log.info(
             "nothing to train (step %d of %d); final policy at %s",
             first_step,
@@ -127,8 +141,22 @@ def train(config, workdir: str) -> dict:
         graphdef,
         tuple(config.learner.seq_buckets),
         remat=bool(config.model.remat),
+        lora=policy.is_lora,
         pad_id=tok.pad_id,
     )
+    reg_fn = None
+    if reg_coefs:
+        # KL / entropy add into the global tally; the reference is the frozen warm start.
+        acc = regularizers.combined_accumulator(acc, reg_coefs)
+        reg_fn = regularizers.RegularizerGradFn(
+            graphdef,
+            tuple(reg_coefs),
+            reference_params=params,
+            kl_estimator=rl.kl_estimator,
+            seq_buckets=tuple(config.learner.seq_buckets),
+            lora_adapters=policy.is_lora,
+            pad_id=tok.pad_id,
+        )
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
     progress = metrics.StepProgress(
         config.num_steps, desc=f"grpo/{config.schedule}", initial=first_step
@@ -140,13 +168,20 @@ def train(config, workdir: str) -> dict:
         tasks=tasks,
         tok=tok,
         fleet=fleet,
-        learner=GrpoLearner(acc, score_fn, tok.pad_id, enforce_version=config.schedule != "async"),
+        learner=GrpoLearner(
+            acc,
+            score_fn,
+            tok.pad_id,
+            enforce_version=config.schedule != "async",
+            regularizer_fn=reg_fn,
+        ),
         limits=agent_loop.LoopLimits.from_config(config.rollout),
         apply_update=make_apply_update(optimizer),
+        policy=policy,
     )
     last: dict = {}
     try:
-        fleet.publish(state.params, first_step)
+        run.publish(state.params, first_step)
         pending = None  # async: the next batch's rollouts, already running
         for step in range(first_step, config.num_steps):
             state, pending, last = _train_step(run, step, state, pending)
@@ -157,7 +192,7 @@ def train(config, workdir: str) -> dict:
                 ckpt.save(state)
         if pending is not None:
             pending["thread"].join()
-        export_final(graphdef, state.params, workdir)
+        export_final(graphdef, policy.full_params(state.params), workdir)
     finally:
         progress.close()
         writer.close()
@@ -211,7 +246,7 @@ def _train_step(run: _Run, step: int, state, pending):
         rl.max_open_groups or None,
     )
     learner = run.learner
-    learner.begin(state.params, version)
+    learner.begin(state.params, version, base_params=run.policy.base)
     stats = run_learner_batch(
         planner,
         current["queue"],
@@ -235,7 +270,7 @@ def _train_step(run: _Run, step: int, state, pending):
     if not bool(finite):
         log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
     with timeline.span(metrics.PUBLISH):
-        run.fleet.publish(new_state.params, int(new_state.step))
+        run.publish(new_state.params, int(new_state.step))
 
     rewards = sorted(learner.rewards)  # sorted: the mean must not depend on arrival order
     out = metrics.step_metrics(timeline)
@@ -246,7 +281,7 @@ def _train_step(run: _Run, step: int, state, pending):
         accum_bytes_peak=int(_tree_bytes(learner.state)),
         reward_mean=float(np.mean(rewards)) if rewards else 0.0,
         tokens=int(learner.tokens),
-        compiles=int(chunks.total_compiles()),
+        compiles=int(chunks.total_compiles()) + _regularizer_compiles(learner),
         grad_norm=float(grad_norm),
         update_skipped=not bool(finite),
         rollout_failures=len(stats.failures),
@@ -254,6 +289,11 @@ def _train_step(run: _Run, step: int, state, pending):
     )
     setup.save_step_artifacts(config, run.workdir, step, timeline)
     return new_state, nxt, out
+
+
+def _regularizer_compiles(learner: GrpoLearner) -> int:
+    fn = learner.regularizer_fn
+    return 0 if fn is None else int(fn.compiles)
 
 
 def _tree_bytes(tree) -> int:

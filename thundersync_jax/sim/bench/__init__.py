@@ -2,6 +2,7 @@
 
     from thundersync_jax.sim import bench
     result = bench.run_benchmark(config, workdir)      # configs/bench_cpu.py; writes bench.json
+    points = bench.run_sweep(config, workdir)          # the `sweep` variant's grid
 
 Rollouts are replayed from a trace by a sleeping thread (standing in for rollout
 hardware separate from the learner); the learner work is real: score-gradient
@@ -15,6 +16,7 @@ imports no JAX.
 from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
 from thundersync_jax.sim.bench._replay import RoundResult, replay_step
 from thundersync_jax.sim.bench._run import BENCH_FILE, MEASURED, format_table, run_benchmark
+from thundersync_jax.sim.bench._sweep import run_sweep, sweep_plot, sweep_table
 
 __all__ = [
     "BENCH_FILE",
@@ -25,4 +27,7 @@ __all__ = [
     "learner_from_config",
     "replay_step",
     "run_benchmark",
+    "run_sweep",
+    "sweep_plot",
+    "sweep_table",
 ]

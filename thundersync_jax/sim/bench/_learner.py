@@ -101,11 +101,11 @@ class BenchLearner:
         ]
 
     def calibrate(
-        self, num_groups: int, group_size: int, reps: int, seed: int = 0
+        self, num_groups: int, group_size: int, max_rows: int, reps: int, seed: int = 0
     ) -> tuple[CostModel, list[dict]]:
         """Compiles every chunk shape of a K × G batch, then fits the cost model to timed chunks.
 
-        A chunk holds one slot of one group, so at most G rows. Each padded
+        A chunk holds at most `max_rows` trajectories (≤ G: one slot of one group). Each padded
         (rows, bucket) shape runs `reps` times after one untimed (compiling) call,
         on the same accumulator the batch uses; the fit uses each shape's median.
         opt_s is the median of `reps` finalize + optimizer steps. Returns the
@@ -114,8 +114,8 @@ class BenchLearner:
         rng = np.random.default_rng(seed)
         self.begin(num_groups, group_size)
         table = []
-        for rows, length in self.shapes(group_size):
-            chunk = self._probe_chunk(min(rows, group_size), length, rng)
+        for rows, length in self.shapes(max_rows):
+            chunk = self._probe_chunk(min(rows, max_rows), length, rng)
             self.process(chunk)  # compiles
             times = []
             for _ in range(reps):
@@ -127,7 +127,8 @@ class BenchLearner:
         opt = []
         for _ in range(reps + 1):  # the first call compiles
             self.begin(num_groups, group_size)
-            self.process(self._probe_chunk(1, self.seq_buckets[0], rng))
+            # finalize wants no half-filled group: one chunk fills group 0.
+            self.process(self._probe_chunk(group_size, self.seq_buckets[0], rng))
             start = time.perf_counter()
             self.finish(advance=False)
             opt.append(time.perf_counter() - start)

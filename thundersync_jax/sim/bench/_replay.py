@@ -82,9 +82,7 @@ def replay_step(
         arrivals,
         learner.process,
         clock=clock,
-        on_chunk=lambda c, s, e: chunk_log.append(
-            (len(c), max(it.num_tokens for it in c), s, e)
-        ),
+        on_chunk=lambda c, s, e: chunk_log.append((len(c), max(it.num_tokens for it in c), s, e)),
         timeout_s=600.0,
     )
     opt_start = clock()

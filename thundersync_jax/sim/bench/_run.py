@@ -51,8 +51,10 @@ def _seed_trace(config, seed: int) -> list[sim.Arrival]:
 def _rel_diff(a, b) -> float:
     import jax
 
-    num = sum(float(np.sum((np.asarray(x) - np.asarray(y)) ** 2)) for x, y in zip(
-        jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    num = sum(
+        float(np.sum((np.asarray(x) - np.asarray(y)) ** 2))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
     den = sum(float(np.sum(np.asarray(y) ** 2)) for y in jax.tree.leaves(b))
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
@@ -70,17 +72,29 @@ def _refit(rounds: Sequence[RoundResult], cost: CostModel) -> CostModel | None:
     return CostModel.fit(samples, opt_s=opt, buckets=cost.buckets, row_padding=True)
 
 
-def _run_seed(learner: BenchLearner, config, cost: CostModel, seed: int) -> dict:
-    """Measured rounds and predictions of every schedule on one seed's workload."""
+def max_rows(config, group_size: int) -> int:
+    """Most trajectories one chunk can hold: one group's slot, within the token budget."""
+    return max(1, min(group_size, int(config.max_chunk_tokens) // 2))  # >= 2 tokens each
+
+
+def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
+    """Calibration, then measured rounds and predictions of every schedule on one seed's workload.
+
+    Calibrating per seed (cheap once every shape is compiled) keeps the cost model
+    as close in time to the rounds it predicts as possible on a shared machine.
+    """
     max_len = learner.seq_buckets[-1]
     trace, clipped = workload.fit_lengths(_seed_trace(config, seed), max_len)
-    trace = sim.balance(trace, cost, float(config.balance), int(config.max_chunk_tokens))
     num_groups, group_size = workload.group_shape(trace)
+    cost, table = learner.calibrate(
+        num_groups, group_size, max_rows(config, group_size), int(config.calibration_reps), seed
+    )
+    log.info("seed %d calibrated: %s", seed, cost)
+    trace = sim.balance(trace, cost, float(config.balance), int(config.max_chunk_tokens))
     items = workload.work_items(trace, learner.vocab_size, seed)
     schedules = list(config.schedules)
     predicted = {
-        s: sim.simulate(trace, s, cost, int(config.max_chunk_tokens))
-        for s in [*schedules, "async"]
+        s: sim.simulate(trace, s, cost, int(config.max_chunk_tokens)) for s in [*schedules, "async"]
     }
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
     grad_diffs = []
@@ -109,6 +123,8 @@ def _run_seed(learner: BenchLearner, config, cost: CostModel, seed: int) -> dict
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
+        "cost_model": _cost_dict(cost),
+        "calibration": table,
         "schedules": {},
     }
     for s in schedules:
@@ -129,6 +145,16 @@ def _run_seed(learner: BenchLearner, config, cost: CostModel, seed: int) -> dict
         }
     out["predicted_async_step_time_s"] = predicted["async"].step_time_s
     return out
+
+
+def _cost_dict(cost: CostModel) -> dict:
+    return {
+        "fixed_s": cost.fixed_s,
+        "per_token_s": cost.per_token_s,
+        "opt_s": cost.opt_s,
+        "buckets": list(cost.buckets),
+        "row_padding": cost.row_padding,
+    }
 
 
 def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
@@ -176,24 +202,12 @@ def run_benchmark(
             f"rounds={config.rounds} must be >= 1, warmup={config.warmup} >= 0, seeds non-empty"
         )
     learner = learner or learner_from_config(config)
-    first = workload.fit_lengths(_seed_trace(config, config.seeds[0]), learner.seq_buckets[-1])[0]
-    num_groups, group_size = workload.group_shape(first)
-    cost, table = learner.calibrate(num_groups, group_size, int(config.calibration_reps))
-    log.info("calibrated: %s", cost)
-    per_seed = [_run_seed(learner, config, cost, int(seed)) for seed in config.seeds]
+    per_seed = [_run_seed(learner, config, int(seed)) for seed in config.seeds]
     result = {
         "schedules": _summarize(per_seed, list(config.schedules)),
         "predicted_async_step_time_s": float(
             np.mean([p["predicted_async_step_time_s"] for p in per_seed])
         ),
-        "cost_model": {
-            "fixed_s": cost.fixed_s,
-            "per_token_s": cost.per_token_s,
-            "opt_s": cost.opt_s,
-            "buckets": list(cost.buckets),
-            "row_padding": cost.row_padding,
-        },
-        "calibration": table,
         "per_seed": dict(zip((str(s) for s in config.seeds), per_seed, strict=True)),
         "config": config.to_dict(),
     }

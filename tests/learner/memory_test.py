@@ -1,0 +1,99 @@
+"""Memory planner: the GPU configs fit, and its counts match the real model, sharding and LoRA."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import b200, common, h200
+from thundersync_jax.learner import memory
+from thundersync_jax.models import lora, qwen3, sharding
+
+
+@pytest.mark.parametrize("module", [b200, h200])
+@pytest.mark.parametrize("variant", ["lora", "full"])
+def test_gpu_configs_fit(module, variant):
+    plan = memory.plan(module.get_config(variant))
+    assert plan.fits, plan.table()
+    assert 20e9 < plan.num_params < 30e9  # 27B class
+    assert (plan.trainable_params < 1e9) == (variant == "lora")
+
+
+def test_full_stream_with_open_group_tallies_does_not_fit_on_b200():
+    c = b200.get_config("full")
+    c.schedule = "stream"  # 1 + 2·8 param-sized float32 tallies
+    plan = memory.plan(c)
+    assert plan.open_group_tallies == 16 and not plan.fits
+
+
+def _tiny_config(fsdp, tp, lora_enabled=False):
+    c = common.get_base_config()
+    c.model.update(vocab_size=52, hidden_size=20, intermediate_size=44, num_attention_heads=8)
+    c.model.update(num_key_value_heads=4, head_dim=6, num_hidden_layers=3)
+    c.mesh.fsdp, c.mesh.tp = fsdp, tp
+    c.lora.enabled, c.lora.rank = lora_enabled, 3
+    c.rl.max_open_groups = 3
+    c.rollout.max_traj_tokens = 100
+    c.node = ml_collections.ConfigDict(
+        dict(
+            gpu="cpu",
+            num_gpus=8,
+            gpu_memory_gb=1.0,
+            memory_headroom=1.0,
+            rollout_gpus=8 - fsdp * tp,
+            rollout_tp=1,
+            learner_gpus=fsdp * tp,
+            chunk_rows=1,
+        )
+    )
+    return c
+
+
+@pytest.mark.parametrize("fsdp, tp", [(2, 4), (4, 2)])
+def test_param_bytes_match_real_shards_on_the_mesh(fsdp, tp):
+    """Per-device param bytes equal the shard sizes jax actually places on one device."""
+    c = _tiny_config(fsdp, tp)
+    plan = memory.plan(c)
+    cfg = qwen3.Qwen3Config.from_config_dict(c.model)
+    abstract = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))), nnx.Param)[1]
+    shardings = sharding.param_shardings(
+        abstract, sharding.DEFAULT_RULES, sharding.make_mesh(fsdp, tp)
+    )
+    local = sum(
+        int(np.prod(s.shard_shape(x.shape)))
+        for x, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings), strict=True)
+    )
+    assert plan.num_params == sum(x.size for x in jax.tree.leaves(abstract))
+    assert plan.params == 4 * local
+    # Full fine-tuning: h, 2 Adam moments and 1 + 2·3 tallies, all float32 and sharded alike.
+    assert plan.grads == 4 * local
+    assert plan.optimizer == 8 * local
+    assert plan.tallies == 7 * 4 * local
+    assert plan.chunk_tokens == 128
+
+
+def test_lora_counts_match_real_adapters():
+    c = _tiny_config(2, 4, lora_enabled=True)
+    plan = memory.plan(c)
+    cfg = qwen3.Qwen3Config.from_config_dict(c.model)
+    abstract = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))), nnx.Param)[1]
+    adapters = jax.eval_shape(lambda p: lora.init(p, rank=3, alpha=6.0), abstract)
+    n = lora.num_params(adapters)
+    assert plan.trainable_params == n
+    assert plan.grads == 4 * n and plan.optimizer == 8 * n and plan.tallies == 7 * 4 * n
+
+
+def test_activations_shrink_with_remat_and_grow_quadratically():
+    m = b200.get_config().model
+    long = memory.activation_bytes(m, rows=1, tokens=8192, tp=4, remat=False)
+    assert memory.activation_bytes(m, 1, 8192, 4, remat=True) < long / 10
+    short = memory.activation_bytes(m, rows=1, tokens=4096, tp=4, remat=False)
+    assert 2 < long / short < 4  # linear terms plus the [T, T] attention scores
+
+
+def test_mesh_must_match_learner_gpus():
+    c = _tiny_config(2, 4)
+    c.node.learner_gpus = 4
+    with pytest.raises(ValueError, match="learner_gpus=4"):
+        memory.plan(c)
