@@ -26,6 +26,8 @@ import ml_collections
 
 from configs.common import get_base_config, tiny_qwen3_model
 
+VARIANTS = (None, "smoke")
+
 # replace_in_files demonstrations exceed 1024 byte tokens at every difficulty.
 SHORT_FAMILIES = (
     "find_by_name",

@@ -89,7 +89,8 @@ def test_same_key_same_tokens_alone_or_mixed_into_a_batch(server, tiny):
     mixed = {r.request_id: r for r in client.generate(others + [twin])}
     assert len(mixed) == 6 and all(r.ok for r in mixed.values())
     assert mixed["mixed"].tokens == alone.tokens
-    np.testing.assert_array_equal(mixed["mixed"].logprobs, alone.logprobs)
+    # Same arithmetic per row; a tolerance only in case a CPU's GEMM treats rows differently.
+    np.testing.assert_allclose(mixed["mixed"].logprobs, alone.logprobs, rtol=1e-6, atol=1e-6)
     # A different member is a different key: different tokens.
     other_member = GenerateRequest("m1", target.prompt_tokens, target.sampling, (7, 3, 5, 3))
     (res,) = client.generate([other_member])

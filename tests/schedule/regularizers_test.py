@@ -7,6 +7,7 @@ and streams the same trajectories through the planner.
 """
 
 import dataclasses
+import functools
 import queue
 
 import jax
@@ -59,9 +60,8 @@ def setup():
     noise = jax.random.key(11)
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(noise, len(leaves))
-    ref = jax.tree.unflatten(
-        treedef, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
-    )
+    shifted = [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    ref = jax.tree.unflatten(treedef, shifted)
     rng = np.random.default_rng(3)
     rewards = [[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.0, 1.0, 0.25]]  # group 1 tied: A = 0
     trajs = {}
@@ -73,7 +73,8 @@ def setup():
             mask[prompt:] = 1
             tokens = rng.integers(1, cfg.vocab_size, size=n).astype(np.int32)
             trajs[(k, m)] = _Traj(tokens, mask, rewards[k][m])
-    return graphdef, params, ref, trajs
+    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
+    return graphdef, params, ref, trajs, score_fn
 
 
 def _advantages(rewards):
@@ -83,21 +84,27 @@ def _advantages(rewards):
     return (r - r.mean()) / (r.std(ddof=1) + EPS)
 
 
-def _direct_gradient(graphdef, params, ref, trajs, loss_agg, rl):
-    """∇ of the total loss, trajectory by trajectory (unpadded), summed in float64."""
-    estimator = regularizers.KL_ESTIMATORS[rl.kl_estimator]
+PAD = 32  # the reference pads every trajectory to one length (inert: causal attention)
 
-    def traj_loss(p, tokens, mask, adv, w):
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _trajectory_grad(graphdef, estimator, params, ref, tokens, mask, adv, w, kl_coef, ent_coef):
+    """∇ of one trajectory's total loss w·Σ_t m_t·(−A·logp_t + β·kl_t − α·H_t)."""
+
+    def loss(p):
         targets = tokens[None, 1:]
         logits = nnx.merge(graphdef, p)(tokens[None, :-1])
         logp = losses.token_logprobs(logits, targets)[0]
         ref_logp = losses.token_logprobs(nnx.merge(graphdef, ref)(tokens[None, :-1]), targets)[0]
-        m = mask[1:]
-        per_token = -adv * logp + rl.kl_coef * estimator(logp, ref_logp)
-        per_token = per_token - rl.entropy_coef * losses.entropy(logits)[0]
-        return w * jnp.sum(per_token * m)
+        kl = regularizers.KL_ESTIMATORS[estimator](logp, ref_logp)
+        per_token = -adv * logp + kl_coef * kl - ent_coef * losses.entropy(logits)[0]
+        return w * jnp.sum(per_token * mask[1:])
 
-    grad_fn = jax.jit(jax.grad(traj_loss))
+    return jax.grad(loss)(params)
+
+
+def _direct_gradient(graphdef, params, ref, trajs, loss_agg, rl):
+    """∇ of the total loss, trajectory by trajectory, summed in float64."""
     total = jax.tree.map(lambda x: np.zeros(x.shape, np.float64), params)
     num_tokens = sum(int(t.loss_mask.sum()) for t in trajs.values())
     z = len(trajs) if loss_agg == "seq-mean-token-mean" else num_tokens
@@ -107,16 +114,29 @@ def _direct_gradient(graphdef, params, ref, trajs, loss_agg, rl):
             t = trajs[(k, m)]
             n = int(t.loss_mask.sum())
             w = 1.0 / n if loss_agg == "seq-mean-token-mean" else 1.0
-            g = grad_fn(params, jnp.asarray(t.tokens), jnp.asarray(t.loss_mask), adv[m], w)
+            tokens = np.pad(t.tokens, (0, PAD - len(t.tokens)))
+            mask = np.pad(t.loss_mask, (0, PAD - len(t.tokens)))
+            g = _trajectory_grad(
+                graphdef,
+                rl.kl_estimator,
+                params,
+                ref,
+                tokens,
+                mask,
+                np.float32(adv[m]),
+                np.float32(w),
+                np.float32(rl.kl_coef),
+                np.float32(rl.entropy_coef),
+            )
             total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float64), total, g)
     return jax.tree.map(lambda x: x / z, total)
 
 
-def _streamed_gradient(graphdef, params, ref, trajs, loss_agg, rl, schedule, order):
+def _streamed_gradient(setup, loss_agg, rl, schedule, order):
+    graphdef, params, ref, trajs, score_fn = setup
     coefs = regularizers.term_coefficients(rl)
     acc = accumulators.grpo(num_groups=K, group_size=G, loss_agg=loss_agg, eps=EPS)
     acc = regularizers.combined_accumulator(acc, coefs)
-    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
     reg_fn = regularizers.RegularizerGradFn(
         graphdef, tuple(coefs), ref, kl_estimator=rl.kl_estimator, seq_buckets=(16, 32)
     )
@@ -151,24 +171,24 @@ def _pairs(got, want):
     ids=["kl-k1", "kl-k3", "entropy", "kl-k3+entropy"],
 )
 def test_streamed_terms_match_direct_gradient(setup, rl, loss_agg):
-    graphdef, params, ref, trajs = setup
+    graphdef, params, ref, trajs, _ = setup
     want = _direct_gradient(graphdef, params, ref, trajs, loss_agg, rl)
     keys = sorted(trajs)
     rng = np.random.default_rng(5)
     for schedule in ("sync", "stream"):  # sync packs same-slot rows; stream goes one by one
         order = [keys[i] for i in rng.permutation(len(keys))]
-        got = _streamed_gradient(graphdef, params, ref, trajs, loss_agg, rl, schedule, order)
+        got = _streamed_gradient(setup, loss_agg, rl, schedule, order)
         err = _relative_error(got, want)
         assert err < 1e-5, (schedule, err)
 
 
 def test_terms_change_the_gradient(setup):
     # Guards the test above against a regularizer that silently contributes nothing.
-    graphdef, params, ref, trajs = setup
+    graphdef, params, ref, trajs, _ = setup
     keys = sorted(trajs)
     plain = _direct_gradient(graphdef, params, ref, trajs, "token-mean", _Rl(0.0, "k3", 0.0))
     for rl in (_Rl(0.7, "k3", 0.0), _Rl(0.0, "k3", 0.3)):
-        got = _streamed_gradient(graphdef, params, ref, trajs, "token-mean", rl, "stream", keys)
+        got = _streamed_gradient(setup, "token-mean", rl, "stream", keys)
         assert _relative_error(got, plain) > 1e-3
 
 

@@ -19,6 +19,7 @@ Two kinds (DESIGN §2):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -146,6 +147,30 @@ def resolve_advantage(advantage: str | GroupFn) -> Advantage:
     return _REGISTRY[advantage]
 
 
+@functools.lru_cache(maxsize=256)
+def affine_coefficients(fn: AffineFn, eps: float, std_ddof: int) -> Callable:
+    """`fn` with its settings bound, jitted once per (fn, eps, std_ddof).
+
+    Inlined under an outer jit; eagerly it saves dispatching each small op.
+    """
+    return jax.jit(functools.partial(fn, eps=eps, std_ddof=std_ddof))
+
+
+@functools.lru_cache(maxsize=256)
+def _group_of_size(fn: GroupFn, n: int, size: int) -> Callable:
+    """[size] rewards -> [size] advantages of the first n members (zeros after), jitted."""
+
+    def branch(row):
+        adv = jnp.asarray(fn(row[:n]), jnp.float32)
+        if adv.shape != (n,):
+            raise ValueError(
+                f"advantage callable returned shape {adv.shape} for {n} rewards; expected ({n},)"
+            )
+        return jnp.zeros((size,), jnp.float32).at[:n].set(adv)
+
+    return jax.jit(branch)
+
+
 def bucket_advantages(
     fn: GroupFn,
     rewards: Float[Array, " G"],
@@ -159,24 +184,12 @@ def bucket_advantages(
     possible size gets its own branch of static shape.
     """
     size = rewards.shape[0]
-
-    def for_size(n):
-        def branch(row):
-            adv = jnp.asarray(fn(row[:n]), jnp.float32)
-            if adv.shape != (n,):
-                raise ValueError(
-                    f"advantage callable returned shape {adv.shape} for {n} rewards; "
-                    f"expected ({n},)"
-                )
-            return jnp.zeros((size,), jnp.float32).at[:n].set(adv)
-
-        return branch
-
+    branches = [_group_of_size(fn, n, size) for n in range(1, size + 1)]
     index = jnp.clip(count - 1, 0, size - 1)
     if isinstance(index, jax.core.Tracer):
-        adv = jax.lax.switch(index, [for_size(n) for n in range(1, size + 1)], rewards)
+        adv = jax.lax.switch(index, branches, rewards)
     else:  # eager: run only this size's branch instead of compiling all of them
-        adv = for_size(int(index) + 1)(rewards)
+        adv = branches[int(index)](rewards)
     members = jnp.arange(size) < count
     match = (rewards[None, :] == bucket_values[:, None]) & members[None, :]
     first = jnp.argmax(match, axis=1)

@@ -83,6 +83,7 @@ def describe(
     return "; ".join(parts)
 
 
+@jax.jit
 def tree_all_finite(tree) -> jax.Array:
     """A scalar bool: every element of every leaf is finite."""
     leaves = jax.tree.leaves(tree)

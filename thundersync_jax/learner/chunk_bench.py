@@ -3,10 +3,12 @@
 Streaming cuts a batch's backward work into many small chunks, so a fixed per-call cost
 (host padding, pytree flattening, dispatch, the device->host sync) would be paid once per
 trajectory or turn. This measures wall time per chunk at several lengths after warm-up and
-fits time = fixed + per_token · tokens + per_token_pair · tokens² by least squares: the tiny
-model's attention scores grow as tokens², and leaving that term out of the fit would push
-the long chunks' curvature into a negative "fixed" cost. The process CPU time (all threads)
-is recorded too: on a shared machine it is far less noisy than wall time.
+fits time = fixed + per_token · tokens by least squares on relative residuals (each point
+weighted by 1/time): the lengths span 32x, and plain least squares would let the longest
+chunk's error swamp the intercept. The process CPU time (all threads) is recorded too: on a
+shared machine it is less noisy than wall time. Two overheads every chunk pays are timed
+directly: host-side padding, and a jitted identity over the same parameter pytree (pytree
+flattening + dispatch + sync), a floor for the fixed cost.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ def _median_seconds(call, repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
-def fit_cost(lengths: Sequence[int], seconds: Sequence[float]) -> tuple[float, float, float]:
-    """Least-squares (fixed, per_token, per_token_pair): seconds ≈ f + a·T + b·T²."""
+def fit_cost(lengths: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """(fixed, per_token) minimizing Σ ((fixed + per_token·T_i − s_i) / s_i)²."""
     t = np.asarray(lengths, np.float64)
-    design = np.stack([np.ones_like(t), t, t * t], axis=1)
-    coef, *_ = np.linalg.lstsq(design, np.asarray(seconds, np.float64), rcond=None)
-    return float(coef[0]), float(coef[1]), float(coef[2])
+    s = np.asarray(seconds, np.float64)
+    design = np.stack([np.ones_like(t), t], axis=1) / s[:, None]
+    (fixed, per_token), *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
+    return float(fixed), float(per_token)
 
 
 def run(
@@ -82,18 +85,17 @@ def run(
     lengths = [r["tokens"] for r in rows]
     fits = {}
     for clock in ("median_s", "median_cpu_s"):
-        fixed, per_token, per_pair = fit_cost(lengths, [r[clock] for r in rows])
+        fixed, per_token = fit_cost(lengths, [r[clock] for r in rows])
         measured = {r["tokens"]: r[clock] for r in rows}
         reference = measured.get(reference_length, fixed + per_token * reference_length)
         fits[clock] = {
             "fixed_s": fixed,
             "per_token_s": per_token,
-            "per_token_pair_s": per_pair,
             "fixed_fraction_of_reference": fixed / reference,
         }
         for r in rows:
             t = r["tokens"]
-            r[clock.replace("median", "fit")] = fixed + per_token * t + per_pair * t * t
+            r[clock.replace("median", "fit")] = fixed + per_token * t
 
     identity = jax.jit(lambda p: p)
     jax.block_until_ready(identity(params))
@@ -137,8 +139,7 @@ def markdown(result: dict[str, Any]) -> str:
         fit = result[f"fit_{name}"]
         lines.append(
             f"{name}: fixed = {1e3 * fit['fixed_s']:.3f} ms,"
-            f" per token = {1e6 * fit['per_token_s']:.2f} us,"
-            f" per token² = {1e9 * fit['per_token_pair_s']:.3f} ns;"
+            f" per token = {1e6 * fit['per_token_s']:.2f} us;"
             f" fixed / {ref}-token chunk = {100 * fit['fixed_fraction_of_reference']:.1f}%"
         )
     lines += [

@@ -116,6 +116,8 @@ def measure_publication(
         "memcpy_gbps": num_bytes / copy_s / 1e9,
         "publish_gbps": num_bytes / total / 1e9,
         "ratio": copy_s / total,
+        "loadavg_1min": os.getloadavg()[0],  # other processes on the machine skew both sides
+        "cpus": os.cpu_count(),
     }
 
 

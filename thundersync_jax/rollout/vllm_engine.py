@@ -15,7 +15,9 @@ The prefix cache is reset afterwards, because cached KV blocks belong to the old
 
 Sampling differs from the embedded engine: vLLM draws with its own per-request generator,
 seeded from the request's key ids, so a request is reproducible on vLLM but not token-identical
-to the embedded sampler.
+to the embedded sampler. vLLM reports the model's raw log-probs by default; pass
+`--vllm-kwargs '{"logprobs_mode": "processed_logprobs"}'` (recent vLLM) for the log-probs of the
+tempered / top-p distribution, which is what the embedded engine returns.
 """
 
 from __future__ import annotations
@@ -98,7 +100,10 @@ class SnapshotWorkerExtension:
         state = snapshot_to_hf_state_dict(path, version, cfg)
         device = self.device  # the worker's accelerator
         weights = ((name, _to_torch(array).to(device)) for name, array in state.items())
-        self.model_runner.model.load_weights(weights=weights)
+        runner = self.model_runner
+        # get_model() unwraps a CUDA-graph wrapper where vLLM has one.
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        model.load_weights(weights=weights)
         return int(version)
 
 
@@ -155,6 +160,7 @@ class VLLMBackend:
             ignore_eos=True,  # only the request's stop ids end it, as in the embedded engine
             seed=seed,
             logprobs=0,  # the sampled token's log-prob
+            detokenize=False,  # token ids in, token ids out (works with skip_tokenizer_init)
             **extra,
         )
 

@@ -94,6 +94,7 @@ class GrpoLearner:
         self.tokens = 0
         self.max_lag = 0
         self.rewards: list[float] = []
+        self.verifier_failures: list[str] = []  # "item: reason" of rewards a failed verifier set
 
     def process(self, chunk: list[WorkItem]) -> None:
         trajs = [item.payload for item in chunk]
@@ -102,6 +103,11 @@ class GrpoLearner:
                 if self.enforce_version:
                     check_version(v, self.version, what=f"trajectory {item.item_id}")
                 self.max_lag = max(self.max_lag, self.version - int(v))
+            verdict = getattr(traj, "verifier", None)
+            if verdict is not None and verdict.error is not None:
+                self.verifier_failures.append(
+                    f"{item.item_id}: reward {item.reward} ({verdict.reason}: {verdict.error})"
+                )
         tokens, mask, weights, n = pack_rows(trajs, self.loss_weight, self.pad_id)
         h, _ = self.score_fn(self.params, tokens, mask, weights, base_params=self.base_params)
         head = chunk[0]

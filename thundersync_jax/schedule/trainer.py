@@ -269,6 +269,8 @@ def _train_step(run: _Run, step: int, state, pending):
         jax.block_until_ready(new_state.params)
     if not bool(finite):
         log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
+    for failure in learner.verifier_failures:
+        log.warning("step %d: verifier failed for %s", step, failure)
     with timeline.span(metrics.PUBLISH):
         run.publish(new_state.params, int(new_state.step))
 

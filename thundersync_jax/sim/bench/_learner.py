@@ -100,38 +100,68 @@ class BenchLearner:
             for m in range(rows)
         ]
 
+    def padded_area(self, chunk: Sequence[WorkItem]) -> int:
+        """rows × length the score-gradient call runs for this chunk, padding included."""
+        longest = max(it.num_tokens for it in chunk)
+        return buckets.bucket_rows(len(chunk)) * buckets.bucket_length(longest, self.seq_buckets)
+
+    def _timed(self, chunk: Sequence[WorkItem]) -> float:
+        start = time.perf_counter()
+        self.process(list(chunk))
+        return time.perf_counter() - start
+
     def calibrate(
-        self, num_groups: int, group_size: int, max_rows: int, reps: int, seed: int = 0
+        self,
+        num_groups: int,
+        group_size: int,
+        max_rows: int,
+        reps: int,
+        seed: int = 0,
+        workload: Sequence[Sequence[WorkItem]] = (),
     ) -> tuple[CostModel, list[dict]]:
         """Compiles every chunk shape of a K × G batch, then fits the cost model to timed chunks.
 
-        A chunk holds at most `max_rows` trajectories (≤ G: one slot of one group). Each padded
-        (rows, bucket) shape runs `reps` times after one untimed (compiling) call,
-        on the same accumulator the batch uses; the fit uses each shape's median.
-        opt_s is the median of `reps` finalize + optimizer steps. Returns the
-        model and the per-shape medians.
+        A chunk holds at most `max_rows` trajectories (≤ G: one slot of one group).
+        Every padded (rows, bucket) shape runs once untimed (compiling) and `reps`
+        times timed, on the accumulator the batch uses. Then the `workload` chunks
+        (e.g. one batch's chunks in sync order) run once each, timed: on a shared
+        machine tens of samples per shape average out load spikes that a few
+        repetitions cannot. The fit uses each padded size's mean time (the step
+        time is a sum of chunk times, so the mean is what predicts it); opt_s is
+        the median of `reps` finalize + optimizer steps.
+
+        Returns the model and one row per padded size: rows, length, samples, seconds.
         """
         rng = np.random.default_rng(seed)
+        samples: dict[tuple[int, int], list[float]] = {}
         self.begin(num_groups, group_size)
-        table = []
         for rows, length in self.shapes(max_rows):
             chunk = self._probe_chunk(min(rows, max_rows), length, rng)
             self.process(chunk)  # compiles
-            times = []
             for _ in range(reps):
                 self.begin(num_groups, group_size)
-                start = time.perf_counter()
-                self.process(chunk)
-                times.append(time.perf_counter() - start)
-            table.append({"rows": rows, "length": length, "seconds": statistics.median(times)})
+                samples.setdefault((rows, length), []).append(self._timed(chunk))
+        if workload:
+            self.begin(num_groups, group_size)
+            for chunk in workload:
+                rows = buckets.bucket_rows(len(chunk))
+                length = self.padded_area(chunk) // rows
+                samples.setdefault((rows, length), []).append(self._timed(chunk))
         opt = []
+        fill = [self._probe_chunk(1, self.seq_buckets[0], rng)[0] for _ in range(group_size)]
+        for m, it in enumerate(fill):
+            it.member = m
         for _ in range(reps + 1):  # the first call compiles
             self.begin(num_groups, group_size)
-            # finalize wants no half-filled group: one chunk fills group 0.
-            self.process(self._probe_chunk(group_size, self.seq_buckets[0], rng))
+            for it in fill:  # finalize wants no half-filled group: fill group 0, row by row
+                self.process([it])
             start = time.perf_counter()
             self.finish(advance=False)
             opt.append(time.perf_counter() - start)
+        table = [
+            {"rows": r, "length": n, "samples": len(ts), "seconds": statistics.fmean(ts)}
+            for (r, n), ts in sorted(samples.items())
+        ]
         cost = CostModel.fit(
             [(row["rows"] * row["length"], row["seconds"]) for row in table],
             opt_s=statistics.median(opt[1:]),

@@ -77,6 +77,14 @@ def max_rows(config, group_size: int) -> int:
     return max(1, min(group_size, int(config.max_chunk_tokens) // 2))  # >= 2 tokens each
 
 
+def _sync_chunks(trace, items, learner: BenchLearner, max_chunk_tokens: int) -> list[list]:
+    """The workload's chunks in sync order (what the calibration pass times)."""
+    order_only = CostModel(0.0, 1.0, buckets=learner.seq_buckets, row_padding=True)
+    by_id = {int(it.item_id): it for it in items}
+    result = sim.simulate(trace, "sync", order_only, max_chunk_tokens)
+    return [[by_id[i] for i in c.ids] for c in result.chunks if c.ids]
+
+
 def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     """Calibration, then measured rounds and predictions of every schedule on one seed's workload.
 
@@ -86,12 +94,18 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     max_len = learner.seq_buckets[-1]
     trace, clipped = workload.fit_lengths(_seed_trace(config, seed), max_len)
     num_groups, group_size = workload.group_shape(trace)
+    items = workload.work_items(trace, learner.vocab_size, seed)
     cost, table = learner.calibrate(
-        num_groups, group_size, max_rows(config, group_size), int(config.calibration_reps), seed
+        num_groups,
+        group_size,
+        max_rows(config, group_size),
+        int(config.calibration_reps),
+        seed,
+        workload=_sync_chunks(trace, items, learner, int(config.max_chunk_tokens)),
     )
     log.info("seed %d calibrated: %s", seed, cost)
     trace = sim.balance(trace, cost, float(config.balance), int(config.max_chunk_tokens))
-    items = workload.work_items(trace, learner.vocab_size, seed)
+    items = workload.work_items(trace, learner.vocab_size, seed)  # the same tokens, new times
     schedules = list(config.schedules)
     predicted = {
         s: sim.simulate(trace, s, cost, int(config.max_chunk_tokens)) for s in [*schedules, "async"]
@@ -172,7 +186,7 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
         row["predicted_error"] = row["step_time_s"] / row["predicted_step_time_s"] - 1.0
         out[s] = row
     if "sync" in out:
-        for s, row in out.items():
+        for row in out.values():
             row["speedup_vs_sync"] = out["sync"]["step_time_s"] / row["step_time_s"]
             row["predicted_speedup_vs_sync"] = (
                 out["sync"]["predicted_step_time_s"] / row["predicted_step_time_s"]

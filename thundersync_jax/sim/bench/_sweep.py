@@ -14,7 +14,7 @@ import time
 
 import ml_collections
 
-from thundersync_jax.sim.bench._learner import learner_from_config
+from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
 from thundersync_jax.sim.bench._run import run_benchmark
 
 SWEEP_FILES = ("sweep.json", "sweep.md", "sweep.png")
@@ -88,14 +88,19 @@ def sweep_plot(points: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def run_sweep(config: ml_collections.ConfigDict, workdir: str, command: str = "") -> list[dict]:
+def run_sweep(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    command: str = "",
+    learner: BenchLearner | None = None,
+) -> list[dict]:
     """Runs `run_benchmark` at every (sigma, group_icc, balance) of `config.sweep`.
 
     Writes DIR/sweep.json (the points, each bench result under "runs"),
     DIR/sweep.md (table) and DIR/sweep.png (plot); returns the points.
     """
     os.makedirs(workdir, exist_ok=True)
-    learner = learner_from_config(config)
+    learner = learner or learner_from_config(config)
     points, runs = [], []
     start = time.perf_counter()
     grid = itertools.product(config.sweep.sigmas, config.sweep.group_iccs, config.sweep.balances)

@@ -1,0 +1,99 @@
+r"""Plots mean reward per step from a run's metrics.jsonl (for the README).
+
+    python -m experiments.plot_rewards --workdir=runs/cpu --out=docs/cpu_reward_curve.png
+
+Draws reward_mean per step, a trailing 5-step mean, and the first-5 / last-5 means
+that the `make run` acceptance check compares (printed as well).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: this only ever writes a file
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/cpu", "Run directory holding metrics.jsonl.")
+_OUT = flags.DEFINE_string("out", "docs/cpu_reward_curve.png", "Where to write the PNG.")
+_WINDOW = flags.DEFINE_integer("window", 5, "Steps in the first/last and trailing means.")
+
+
+def read_rewards(metrics_path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, reward_mean) from a metrics.jsonl, sorted by step; the last line of a step wins."""
+    by_step: dict[int, float] = {}
+    with open(metrics_path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                m = json.loads(line)
+                by_step[int(m["step"])] = float(m["reward_mean"])
+    if not by_step:
+        raise ValueError(f"{metrics_path} has no metric lines")
+    steps = np.array(sorted(by_step))
+    return steps, np.array([by_step[s] for s in steps])
+
+
+def first_last_means(rewards: np.ndarray, window: int) -> tuple[float, float]:
+    """Mean reward of the first and of the last `window` steps."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    return float(np.mean(rewards[:window])), float(np.mean(rewards[-window:]))
+
+
+def plot(steps: np.ndarray, rewards: np.ndarray, window: int, out: str, title: str) -> None:
+    """Writes a small PNG: per-step reward, trailing mean, first/last window means."""
+    first, last = first_last_means(rewards, window)
+    trailing = np.array(
+        [rewards[max(0, i - window + 1) : i + 1].mean() for i in range(len(rewards))]
+    )
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    ax.plot(steps, rewards, "o-", ms=3, lw=1, alpha=0.6, label="reward_mean (per step)")
+    ax.plot(steps, trailing, lw=2, label=f"trailing {window}-step mean")
+    ax.hlines(first, steps[0], steps[min(window, len(steps)) - 1], colors="C2", lw=3)
+    ax.hlines(last, steps[-min(window, len(steps))], steps[-1], colors="C3", lw=3)
+    ax.annotate(
+        f"first {window}: {first:.2f}",
+        (steps[0], first),
+        textcoords="offset points",
+        xytext=(0, 6),
+        color="C2",
+        fontsize=8,
+    )
+    ax.annotate(
+        f"last {window}: {last:.2f}",
+        (steps[-min(window, len(steps))], last),
+        textcoords="offset points",
+        xytext=(0, 6),
+        color="C3",
+        fontsize=8,
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main(argv):
+    del argv
+    steps, rewards = read_rewards(os.path.join(_WORKDIR.value, "metrics.jsonl"))
+    first, last = first_last_means(rewards, _WINDOW.value)
+    plot(steps, rewards, _WINDOW.value, _OUT.value, f"GRPO reward ({_WORKDIR.value})")
+    print(
+        f"steps={len(steps)} first{_WINDOW.value}={first:.3f} last{_WINDOW.value}={last:.3f} "
+        f"delta={last - first:+.3f} -> {_OUT.value}"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)
