@@ -63,7 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.calibration_reps = 2
     elif arg == "sweep":
         c.sweep.balances = (0.25, 0.5, 1.0, 2.0, 4.0)
-        c.num_groups = 12  # 20 grid points in ~25 min on 2 shared cores
+        c.num_groups = 10  # 20 grid points in ~25 min on 2 shared cores
         c.rounds = 2
         c.warmup = 0  # calibration has already compiled and run every shape
         c.seeds = (0, 1)

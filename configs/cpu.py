@@ -21,9 +21,9 @@ from configs.common import get_base_config
 
 def get_config(arg: str | None = None):
     c = get_base_config()
-    # 41 = 4k + 1 steps: group k of step n uses task (4n + k) mod 16, so the first five and
-    # the last five steps see exactly the same tasks and the reward comparison is fair.
-    c.num_steps = 41
+    # Group k of step n uses task (4n + k) mod 8: an odd step count makes the first five and
+    # the last five steps see exactly the same tasks, so the reward comparison is fair.
+    c.num_steps = 31
     c.schedule = "stream"
     c.rl.num_groups = 4
     c.rl.group_size = 4
@@ -32,20 +32,30 @@ def get_config(arg: str | None = None):
     c.optim.learning_rate = 1e-3
     c.env.family = "mini_swe"
     c.env.difficulty = "easy"
-    c.env.num_tasks = 16
+    c.env.num_tasks = 8
     # Demonstrations take 5 turns and <= ~1000 tokens; an edit call needs <= ~160 tokens.
     c.rollout.max_turns = 6
     c.rollout.max_new_tokens_per_turn = 192
     c.rollout.max_traj_tokens = 1536
     # Two sequence buckets = few compilations (every trajectory is 0.5-1.5k tokens).
     c.learner.seq_buckets = (1024, 1536)
+    # Warm start: 8 demonstrations, full-batch; stopped early on purpose so the policy
+    # solves some tasks some of the time and GRPO has groups with mixed rewards.
+    c.sft.steps = 160
+    c.sft.learning_rate = 3e-3
+    c.sft.batch_size = 8
     c.checkpoint.every = 5
     if arg == "smoke":
         c.num_steps = 1
         c.rl.num_groups = 2
         c.rl.group_size = 2
-        c.sft.steps = 20
-        c.env.num_tasks = 4
+        # Plumbing only, no learning: a token warm start and short episodes (the demos are
+        # rendered without turn/token-per-turn limits, so they still fit).
+        c.sft.steps = 4
+        c.sft.batch_size = 2
+        c.env.num_tasks = 2
+        c.rollout.max_turns = 2
+        c.rollout.max_new_tokens_per_turn = 48
         c.checkpoint.every = 1
     elif arg not in (None, ""):
         raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke")

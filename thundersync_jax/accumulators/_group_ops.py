@@ -275,4 +275,10 @@ def finalize(cfg: GroupConfig, state: GroupState):
     z = cfg.loss_agg.normalizer(state.num_trajectories, state.num_tokens, cfg.max_len)
     z = jnp.where(z > 0, z, 1.0)  # empty batch: the gradient is zero, not 0/0
     bad = (state.error != 0) | jnp.any(state.status == OPEN)
+    return _negate_and_normalize(total, z, bad)
+
+
+@jax.jit
+def _negate_and_normalize(total, z, bad):
+    """−total/Z, or NaN everywhere when `bad` (so a missed check cannot pass silently)."""
     return jax.tree.map(lambda t: jnp.where(bad, jnp.nan, -t / z), total)

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from thundersync_jax.accumulators import _tallies
 from thundersync_jax.accumulators._advantages import Advantage
@@ -99,16 +100,18 @@ def init_state(cfg: GroupConfig, params) -> GroupState:
     """Empty state for params (any pytree of arrays); tallies are float32."""
     k, g, nb = cfg.num_groups, cfg.group_size, cfg.max_buckets
     slots = cfg.affine_slots if cfg.advantage.affine else cfg.bucket_slots
-    i32 = lambda v, shape=(): jnp.full(shape, v, jnp.int32)
+    # Small bookkeeping arrays come from numpy: no per-shape fill kernel to compile.
+    i32 = lambda v, shape=(): jnp.asarray(np.full(shape, v, np.int32))
+    f32 = lambda shape: jnp.asarray(np.zeros(shape, np.float32))
     return GroupState(
         total=_tallies.zeros_like_params(params),
         shifted=_tallies.stacked_zeros(params, cfg.affine_slots),
         plain=_tallies.stacked_zeros(params, cfg.affine_slots),
         buckets=_tallies.stacked_zeros(params, cfg.bucket_slots, nb),
-        bucket_values=jnp.zeros((cfg.bucket_slots, nb), jnp.float32),
+        bucket_values=f32((cfg.bucket_slots, nb)),
         bucket_used=i32(0, (cfg.bucket_slots,)),
-        rewards=jnp.zeros((k, g), jnp.float32),
-        shifts=jnp.zeros((1 if cfg.batch_scope else k,), jnp.float32),
+        rewards=f32((k, g)),
+        shifts=f32((1 if cfg.batch_scope else k,)),
         members=i32(0, (k,)),
         status=i32(NEW, (k,)),
         slot_of_group=i32(-1, (k,)),
@@ -119,5 +122,5 @@ def init_state(cfg: GroupConfig, params) -> GroupState:
         dropped=i32(0),
         error=i32(0),
         error_group=i32(-1),
-        error_reward=jnp.zeros((), jnp.float32),
+        error_reward=f32(()),
     )

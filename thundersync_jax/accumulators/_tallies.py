@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
@@ -21,12 +23,21 @@ def _stacked_sharding(leaf, lead: int):
     return NamedSharding(sharding.mesh, PartitionSpec(*((None,) * lead + spec)))
 
 
+@functools.partial(jax.jit, static_argnames="lead_dims")
+def _unsharded_stacked_zeros(params, lead_dims):
+    # One compilation per (structure, lead_dims) instead of one per leaf shape.
+    return jax.tree.map(lambda p: jnp.zeros(lead_dims + jnp.shape(p), jnp.float32), params)
+
+
 def stacked_zeros(params, *lead_dims: int):
     """Zero tallies of shape lead_dims + leaf.shape, sharded like the leaf on its own axes.
 
     The slot axes are never sharded, so each slot's tally is laid out exactly
     like the parameter it accumulates.
     """
+    leaves = jax.tree.leaves(params)
+    if not any(_stacked_sharding(p, len(lead_dims)) for p in leaves):
+        return _unsharded_stacked_zeros(params, tuple(lead_dims))
 
     def one(p):
         shape = tuple(lead_dims) + tuple(jnp.shape(p))

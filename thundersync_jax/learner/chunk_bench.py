@@ -142,6 +142,14 @@ def markdown(result: dict[str, Any]) -> str:
             f" per token = {1e6 * fit['per_token_s']:.2f} us;"
             f" fixed / {ref}-token chunk = {100 * fit['fixed_fraction_of_reference']:.1f}%"
         )
+    by_tokens = {r["tokens"]: r["median_s"] for r in result["rows"]}
+    if ref in by_tokens:
+        smallest = min(by_tokens)
+        lines.append(
+            f"bounds on the fixed cost (wall): <= {smallest}-token chunk / {ref}-token chunk ="
+            f" {100 * by_tokens[smallest] / by_tokens[ref]:.1f}%; >= dispatch floor ="
+            f" {100 * result['identity_dispatch_s'] / by_tokens[ref]:.1f}%"
+        )
     lines += [
         f"jitted identity over the {result['num_param_leaves']}-leaf param tree:"
         f" {1e3 * result['identity_dispatch_s']:.3f} ms; host padding:"

@@ -150,15 +150,20 @@ def _targeted(path: str, targets: Sequence[str], ndim: int) -> str | None:
     return None
 
 
-def find_layouts(params: Any, targets: Sequence[str] = HF_TARGETS) -> tuple[tuple[str, Layout]]:
-    """Finds every weight under a target module (by path component) and its layout."""
+def find_layouts(
+    params: Any, targets: Sequence[str] = HF_TARGETS
+) -> tuple[tuple[str, Layout], ...]:
+    """Finds every weight under a target module (by path component) and its layout.
+
+    Works on arrays and on abstract params (`jax.ShapeDtypeStruct`s from eval_shape).
+    """
     unknown = set(targets) - set(HF_TARGETS)
     if unknown:
         raise ValueError(f"unknown LoRA targets {sorted(unknown)}; valid: {HF_TARGETS}")
     found = []
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_variable)[0]:
         path = path_name(keypath)
-        shape = tuple(jnp.shape(leaf[...] if _is_variable(leaf) else leaf))
+        shape = tuple((leaf.get_value() if _is_variable(leaf) else leaf).shape)
         target = _targeted(path, targets, len(shape))
         if target is not None:
             found.append((path, _layout(path, target, shape, _axis_names(leaf))))

@@ -233,6 +233,7 @@ class RolloutServer:
             identity, call_id, path, version = self._loads.pop(0)
             try:
                 self.backend.load_weights(path, version)
+                self._update_status()  # a health call right after the ack sees the new version
                 self._reply(identity, call_id, value={"version": self.backend.version})
             except Exception as e:
                 self._reply(identity, call_id, error=f"{type(e).__name__}: {e}")

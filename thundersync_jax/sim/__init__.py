@@ -10,7 +10,9 @@ and after the last chunk the optimizer step (opt_s) and publication (pub_s)
 follow (`CostModel(row_padding=True)` instead charges a packed chunk as the
 learner runs it: rows padded to a power of two, each to the longest's bucket).
 The chunk decisions are not modelled: `simulate` drives the orchestrator's own
-`schedule.planner.Planner` on a virtual clock, so there is one policy. Step time = batch start → weights published. With R = max a_i (rollout
+`schedule.planner.Planner` on a virtual clock, so there is one policy.
+
+Step time = batch start → weights published. With R = max a_i (rollout
 span), L = chunk work of sync and O = opt_s + pub_s:
 
     sync    T = R + L + O                 learner starts at R; groups in index order

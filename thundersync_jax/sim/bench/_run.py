@@ -23,7 +23,6 @@ import ml_collections
 import numpy as np
 
 from thundersync_jax import sim
-from thundersync_jax.learner import buckets
 from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.sim.bench import _workload as workload
 from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
@@ -59,19 +58,6 @@ def _rel_diff(a, b) -> float:
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
 
-def _refit(rounds: Sequence[RoundResult], cost: CostModel) -> CostModel | None:
-    """The cost model refitted to the chunks the counted rounds actually ran (a diagnostic)."""
-    samples = [
-        (buckets.bucket_rows(rows) * cost.padded(length), end - start)
-        for r in rounds
-        for rows, length, start, end in r.chunks
-    ]
-    if len({s[0] for s in samples}) < 2:
-        return None
-    opt = statistics.median(r.step_time_s - r.chunks[-1][3] for r in rounds if r.chunks)
-    return CostModel.fit(samples, opt_s=opt, buckets=cost.buckets, row_padding=True)
-
-
 def max_rows(config, group_size: int) -> int:
     """Most trajectories one chunk can hold: one group's slot, within the token budget."""
     return max(1, min(group_size, int(config.max_chunk_tokens) // 2))  # >= 2 tokens each
@@ -88,76 +74,71 @@ def _sync_chunks(trace, items, learner: BenchLearner, max_chunk_tokens: int) -> 
 def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     """Calibration, then measured rounds and predictions of every schedule on one seed's workload.
 
-    Calibrating per seed (cheap once every shape is compiled) keeps the cost model
-    as close in time to the rounds it predicts as possible on a shared machine.
+    The calibration at start (every shape, `calibration_reps` times, plus one pass
+    over the batch's chunks) fixes the workload: arrival times are scaled with it.
+    Each round then opens with one more pass over the batch's chunks and predicts
+    that round from it: on a shared machine the learner's speed drifts within
+    minutes, and a calibration seconds before the measurement tracks that drift.
+    Both predictions are reported.
     """
     max_len = learner.seq_buckets[-1]
+    mct = int(config.max_chunk_tokens)
     trace, clipped = workload.fit_lengths(_seed_trace(config, seed), max_len)
     num_groups, group_size = workload.group_shape(trace)
     items = workload.work_items(trace, learner.vocab_size, seed)
-    cost, table = learner.calibrate(
-        num_groups,
-        group_size,
-        max_rows(config, group_size),
-        int(config.calibration_reps),
-        seed,
-        workload=_sync_chunks(trace, items, learner, int(config.max_chunk_tokens)),
-    )
+    rows = max_rows(config, group_size)
+
+    def calibrate(reps: int):
+        chunks = _sync_chunks(trace, items, learner, mct)
+        return learner.calibrate(num_groups, group_size, rows, reps, seed, workload=chunks)
+
+    cost, table = calibrate(int(config.calibration_reps))
     log.info("seed %d calibrated: %s", seed, cost)
-    trace = sim.balance(trace, cost, float(config.balance), int(config.max_chunk_tokens))
+    trace = sim.balance(trace, cost, float(config.balance), mct)
     items = workload.work_items(trace, learner.vocab_size, seed)  # the same tokens, new times
     schedules = list(config.schedules)
-    predicted = {
-        s: sim.simulate(trace, s, cost, int(config.max_chunk_tokens)) for s in [*schedules, "async"]
-    }
+    at_start = {s: sim.simulate(trace, s, cost, mct) for s in [*schedules, "async"]}
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
+    predicted: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
     grad_diffs = []
     for r in range(int(config.warmup) + int(config.rounds)):
+        round_cost, _ = calibrate(1)
         order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
         grads = {}
         for i, s in enumerate(order):
             res = replay_step(
-                learner,
-                items,
-                s,
-                num_groups,
-                group_size,
-                int(config.max_chunk_tokens),
-                advance=i == len(order) - 1,
+                learner, items, s, num_groups, group_size, mct, advance=i == len(order) - 1
             )
             grads[s] = res.grads
             if r >= config.warmup:
                 measured[s].append(res)
+                predicted[s].append(sim.simulate(trace, s, round_cost, mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
-    refit = _refit([x for rs in measured.values() for x in rs], cost)
     out = {
-        "rollout_span_s": predicted["sync"].rollout_span_s,
-        "learner_work_s": predicted["sync"].learner_work_s,
+        "rollout_span_s": at_start["sync"].rollout_span_s,
+        "learner_work_s": at_start["sync"].learner_work_s,
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
         "cost_model": _cost_dict(cost),
         "calibration": table,
         "schedules": {},
+        "predicted_async_step_time_s": at_start["async"].step_time_s,
     }
     for s in schedules:
-        rs = measured[s]
+        rs, ps = measured[s], predicted[s]
         out["schedules"][s] = {
             "step_time_s": statistics.median(x.step_time_s for x in rs),
-            "predicted_step_time_s": predicted[s].step_time_s,
+            "predicted_step_time_s": statistics.median(p.step_time_s for p in ps),
+            "predicted_at_start_step_time_s": at_start[s].step_time_s,
             "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
-            "predicted_learner_idle_frac": predicted[s].learner_idle_frac,
+            "predicted_learner_idle_frac": statistics.median(p.learner_idle_frac for p in ps),
             "tail_s": statistics.median(x.tail_s for x in rs),
-            "predicted_tail_s": predicted[s].tail_s,
-            "refit_predicted_step_time_s": (
-                sim.simulate(trace, s, refit, int(config.max_chunk_tokens)).step_time_s
-                if refit
-                else None
-            ),
+            "predicted_tail_s": statistics.median(p.tail_s for p in ps),
             "rounds_step_time_s": [x.step_time_s for x in rs],
+            "rounds_predicted_step_time_s": [p.step_time_s for p in ps],
         }
-    out["predicted_async_step_time_s"] = predicted["async"].step_time_s
     return out
 
 
@@ -175,6 +156,7 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
     keys = (
         "step_time_s",
         "predicted_step_time_s",
+        "predicted_at_start_step_time_s",
         "learner_idle_frac",
         "predicted_learner_idle_frac",
         "tail_s",
