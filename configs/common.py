@@ -42,7 +42,9 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.schedule = "stream"  # sync | group | stream | async
     c.model = tiny_qwen3_model()
     c.tokenizer = ml_collections.ConfigDict(dict(kind="byte", path=""))
-    c.mesh = ml_collections.ConfigDict(dict(fsdp=1, tp=1))
+    c.mesh = ml_collections.ConfigDict(
+        dict(fsdp=1, tp=1, rules=())
+    )  # rules: ((logical, mesh axis), ...) over the defaults
     c.lora = ml_collections.ConfigDict(
         dict(
             enabled=False,

@@ -18,17 +18,6 @@ from thundersync_jax.accumulators._advantages import affine_coefficients, bucket
 from thundersync_jax.accumulators._group_state import CLOSED, NEW, OPEN, GroupConfig, GroupState
 
 
-def cond(pred, true_fn, false_fn, operand):
-    """`lax.cond` under a trace; a plain Python branch when `pred` is concrete.
-
-    Eagerly, `lax.cond` would trace and compile both branches on every call
-    (the closures are new each time), which made an eager add cost seconds.
-    """
-    if isinstance(pred, jax.core.Tracer):
-        return jax.lax.cond(pred, true_fn, false_fn, operand)
-    return true_fn(operand) if bool(pred) else false_fn(operand)
-
-
 def record_error(on_invalid: str, state: GroupState, code, group, reward, count) -> GroupState:
     """Counts a droppable problem as dropped (if asked) or records it in the state."""
     code = jnp.asarray(code, jnp.int32)
@@ -141,53 +130,150 @@ def _increment(grad, ok, weight):
     return jax.tree.map(lambda g: jnp.where(ok, g.astype(jnp.float32) * weight, 0.0), grad)
 
 
+# Folding is masked arithmetic, not lax.cond: a conditional over the stacked tallies
+# made XLA copy all 2M of them into temporaries on every add (measured with
+# memory_analysis), which defeats max_open_groups. Masked updates of one slot stay
+# in place in donated buffers.
+
+
 @jax.jit
-def _add_to_slot(shifted, plain, grad, ok, weight, offset, slot):
-    """R'[slot] += (r − c)·w·h and H[slot] += w·h, leaf by leaf."""
+def _add_to_slot(total, shifted, plain, grad, ok, weight, offset, slot, fold, scale, shift):
+    """R'[slot] += (r − c)·w·h, H[slot] += w·h; if `fold`, the slot moves into total.
+
+    Folding adds scale·R'[slot] + shift·H[slot] to total and zeroes the slot.
+    """
     inc = _increment(grad, ok, weight)
-    shifted = jax.tree.map(lambda t, x: t.at[slot].add(offset * x), shifted, inc)
-    plain = jax.tree.map(lambda t, x: t.at[slot].add(x), plain, inc)
-    return shifted, plain
+    scale = jnp.where(fold, scale, 0.0)
+    shift = jnp.where(fold, shift, 0.0)
+
+    def one(t, r, h, x):
+        r_slot = r[slot] + offset * x
+        h_slot = h[slot] + x
+        t = t + (scale * r_slot + shift * h_slot)
+        r = jax.lax.dynamic_update_index_in_dim(r, jnp.where(fold, 0.0, r_slot), slot, 0)
+        h = jax.lax.dynamic_update_index_in_dim(h, jnp.where(fold, 0.0, h_slot), slot, 0)
+        return t, r, h
+
+    out = jax.tree.map(one, total, shifted, plain, inc)
+    is_triple = lambda x: isinstance(x, tuple) and len(x) == 3  # noqa: E731
+    return tuple(jax.tree.map(lambda o, i=i: o[i], out, is_leaf=is_triple) for i in range(3))
 
 
 @jax.jit
-def _add_to_bucket(buckets, grad, ok, weight, slot, bucket):
-    """B[slot, bucket] += w·h, leaf by leaf."""
+def _add_to_bucket(total, buckets, grad, ok, weight, slot, bucket, fold, advantages):
+    """B[slot, bucket] += w·h; if `fold`, total += Σ_j A_j·B[slot, j] and the slot is zeroed."""
     inc = _increment(grad, ok, weight)
-    return jax.tree.map(lambda t, x: t.at[slot, bucket].add(x), buckets, inc)
+    advantages = jnp.where(fold, advantages, 0.0)
+
+    def one(t, b, x):
+        b = b.at[slot, bucket].add(x)
+        b_slot = b[slot]
+        t = t + jnp.tensordot(advantages, b_slot, axes=1)
+        b = jax.lax.dynamic_update_index_in_dim(b, jnp.where(fold, 0.0, b_slot), slot, 0)
+        return t, b
+
+    out = jax.tree.map(one, total, buckets, inc)
+    is_pair = lambda x: isinstance(x, tuple) and len(x) == 2  # noqa: E731
+    return tuple(jax.tree.map(lambda o, i=i: o[i], out, is_leaf=is_pair) for i in range(2))
 
 
-@jax.jit
-def _fold_affine(total, shifted, plain, scale, offset, slot):
-    """total += scale·R'[slot] + offset·H[slot]; the slot's tallies are zeroed."""
-    total = jax.tree.map(
-        lambda t, r, h: t + (scale * r[slot] + offset * h[slot]), total, shifted, plain
+@functools.partial(jax.jit, static_argnames="batch_scope")
+def _release(small: GroupState, k, slot, close, *, batch_scope) -> GroupState:
+    """Marks group k closed (if `close`) and frees its slot for the next group."""
+    status = small.status.at[k].set(jnp.where(close, CLOSED, small.status[k]))
+    if batch_scope:
+        return small._replace(status=status)
+    free = close & (small.slot_of_group[k] >= 0)
+    small = small._replace(
+        status=status,
+        group_of_slot=small.group_of_slot.at[slot].set(
+            jnp.where(free, -1, small.group_of_slot[slot])
+        ),
+        slot_of_group=small.slot_of_group.at[k].set(jnp.where(free, -1, small.slot_of_group[k])),
     )
-    shifted = jax.tree.map(lambda t: t.at[slot].set(0.0), shifted)
-    plain = jax.tree.map(lambda t: t.at[slot].set(0.0), plain)
-    return total, shifted, plain
+    if small.bucket_used.shape[0]:
+        used = small.bucket_used.at[slot].set(jnp.where(free, 0, small.bucket_used[slot]))
+        small = small._replace(bucket_used=used)
+    return small
 
 
-@jax.jit
-def _fold_buckets(total, buckets, advantages, slot):
-    """total += Σ_j A_j·B[slot, j]; the slot's buckets are zeroed."""
-    total = jax.tree.map(
-        lambda t, b: t + jnp.tensordot(advantages, b[slot], axes=1), total, buckets
+def _affine_coefficients(cfg: GroupConfig, small: GroupState, k):
+    """(scale, offset) of group k's members so far, in shifted coordinates."""
+    members = jnp.arange(cfg.group_size) < small.members[k]
+    offsets = jnp.where(members, small.rewards[k] - small.shifts[k], 0.0)
+    coefficients = affine_coefficients(cfg.advantage.fn, cfg.eps, cfg.std_ddof)
+    return coefficients(offsets, members, small.shifts[k])
+
+
+def _bucket_advantages(cfg: GroupConfig, small: GroupState, k, slot):
+    """Advantage of each of group k's reward buckets (0 for unused buckets)."""
+    in_use = jnp.arange(cfg.max_buckets) < small.bucket_used[slot]
+    adv = bucket_advantages(
+        cfg.advantage.fn, small.rewards[k], small.members[k], small.bucket_values[slot]
     )
-    return total, jax.tree.map(lambda t: t.at[slot].set(0.0), buckets)
+    return jnp.where(in_use, adv, 0.0)
+
+
+def _split(state: GroupState):
+    small = state._replace(total=None, shifted=None, plain=None, buckets=None)
+    return small, (state.total, state.shifted, state.plain, state.buckets)
+
+
+def _tallies_into(
+    small: GroupState, total, shifted=None, plain=None, buckets=None, *, like: GroupState
+):
+    return small._replace(
+        total=total,
+        shifted=like.shifted if shifted is None else shifted,
+        plain=like.plain if plain is None else plain,
+        buckets=like.buckets if buckets is None else buckets,
+    )
+
+
+def _apply(
+    cfg: GroupConfig, state: GroupState, small, grad, ok, weight, offset, k, slot, bucket, fold
+):
+    """Adds w·grad to the right tallies and, if `fold`, moves group k into total."""
+    if cfg.advantage.affine:
+        if cfg.batch_scope:  # one global pair, folded only at finalize
+            fold, scale, shift = jnp.asarray(False), jnp.float32(0.0), jnp.float32(0.0)
+        else:
+            scale, shift = _affine_coefficients(cfg, small, k)
+        total, shifted, plain = _add_to_slot(
+            state.total,
+            state.shifted,
+            state.plain,
+            grad,
+            ok,
+            weight,
+            offset,
+            slot,
+            fold,
+            scale,
+            shift,
+        )
+        small = _release(small, k, slot, fold, batch_scope=cfg.batch_scope)
+        return _tallies_into(small, total, shifted, plain, like=state)
+    advantages = _bucket_advantages(cfg, small, k, slot)
+    total, buckets = _add_to_bucket(
+        state.total, state.buckets, grad, ok, weight, slot, bucket, fold, advantages
+    )
+    small = _release(small, k, slot, fold, batch_scope=cfg.batch_scope)
+    return _tallies_into(small, total, buckets=buckets, like=state)
 
 
 def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weighted):
     """Adds `count` trajectories of one (group, reward); returns (state, error code).
 
     `grad` is h_i (weighted=False, w_i applied here) or Σ_j w_j h_j (weighted=True).
-    An invalid input leaves the tallies untouched and sets bits in the code.
+    An invalid input leaves the tallies untouched and sets bits in the code. A
+    group that reaches group_size folds into `total` in the same call.
     """
     group = jnp.asarray(group, jnp.int32)
     reward = jnp.asarray(reward, jnp.float32)
     num_tokens = jnp.asarray(num_tokens, jnp.int32)
     count = jnp.asarray(count, jnp.int32)
-    small = state._replace(total=None, shifted=None, plain=None, buckets=None)
+    small, _ = _split(state)
     small, plan, code = _bookkeeping(
         small,
         group,
@@ -200,54 +286,20 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         on_invalid=cfg.on_invalid,
     )
     weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
-    state = small._replace(
-        total=state.total, shifted=state.shifted, plain=state.plain, buckets=state.buckets
+    state = _apply(
+        cfg,
+        state,
+        small,
+        grad,
+        plan.ok,
+        weight,
+        plan.offset,
+        plan.k,
+        plan.slot,
+        plan.bucket,
+        plan.full,
     )
-    if cfg.advantage.affine:
-        shifted, plain = _add_to_slot(
-            state.shifted, state.plain, grad, plan.ok, weight, plan.offset, plan.slot
-        )
-        state = state._replace(shifted=shifted, plain=plain)
-    else:
-        buckets = _add_to_bucket(state.buckets, grad, plan.ok, weight, plan.slot, plan.bucket)
-        state = state._replace(buckets=buckets)
-    state = cond(plan.full, lambda s: close_group(cfg, s, plan.k), lambda s: s, state)
     return state, code
-
-
-def _fold_slot(cfg: GroupConfig, state: GroupState, k) -> GroupState:
-    """Folds open group k's slot into `total` with its advantages and frees the slot."""
-    slot = state.slot_of_group[k]
-    row, n = state.rewards[k], state.members[k]
-    members = jnp.arange(cfg.group_size) < n
-    if cfg.advantage.affine:
-        offsets = jnp.where(members, row - state.shifts[k], 0.0)
-        coefficients = affine_coefficients(cfg.advantage.fn, cfg.eps, cfg.std_ddof)
-        scale, offset = coefficients(offsets, members, state.shifts[k])
-        total, shifted, plain = _fold_affine(
-            state.total, state.shifted, state.plain, scale, offset, slot
-        )
-        state = state._replace(total=total, shifted=shifted, plain=plain)
-    else:
-        values = state.bucket_values[slot]
-        in_use = jnp.arange(cfg.max_buckets) < state.bucket_used[slot]
-        adv = jnp.where(in_use, bucket_advantages(cfg.advantage.fn, row, n, values), 0.0)
-        total, buckets = _fold_buckets(state.total, state.buckets, adv, slot)
-        state = state._replace(
-            total=total, buckets=buckets, bucket_used=state.bucket_used.at[slot].set(0)
-        )
-    return state._replace(
-        group_of_slot=state.group_of_slot.at[slot].set(-1),
-        slot_of_group=state.slot_of_group.at[k].set(-1),
-    )
-
-
-def close_group(cfg: GroupConfig, state: GroupState, k) -> GroupState:
-    """Marks group k closed; an open group's tallies fold into `total` (group scope)."""
-    if not cfg.batch_scope:
-        has_slot = state.slot_of_group[k] >= 0
-        state = cond(has_slot, lambda s: _fold_slot(cfg, s, k), lambda s: s, state)
-    return state._replace(status=state.status.at[k].set(CLOSED))
 
 
 def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.Array]:
@@ -256,9 +308,32 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     in_range = (group >= 0) & (group < cfg.num_groups)
     k = jnp.clip(group, 0, cfg.num_groups - 1)
     code = jnp.where(in_range, 0, _errors.GROUP_OUT_OF_RANGE).astype(jnp.int32)
-    state = record_error(cfg.on_invalid, state, code, group, jnp.float32(0.0), 1)
-    todo = in_range & (state.status[k] != CLOSED)
-    return cond(todo, lambda s: close_group(cfg, s, k), lambda s: s, state), code
+    small, _ = _split(state)
+    small = record_error(cfg.on_invalid, small, code, group, jnp.float32(0.0), 1)
+    fold = in_range & (small.status[k] != CLOSED)
+    slot = jnp.maximum(small.slot_of_group[k], 0)
+    if cfg.batch_scope:
+        small = _release(small, k, slot, fold, batch_scope=True)
+        return _tallies_into(small, state.total, like=state), code
+    # A group that never got a member has no slot: close it without touching tallies.
+    has_slot = small.slot_of_group[k] >= 0
+    zero = jax.tree.map(jnp.zeros_like, state.total)  # adds nothing; grad-shaped
+    state = _apply(
+        cfg,
+        state,
+        small,
+        zero,
+        jnp.asarray(False),
+        jnp.float32(0.0),
+        jnp.float32(0.0),
+        k,
+        slot,
+        jnp.int32(0),
+        fold & has_slot,
+    )
+    small, _ = _split(state)
+    small = _release(small, k, slot, fold, batch_scope=False)
+    return _tallies_into(small, state.total, like=state), code
 
 
 def finalize(cfg: GroupConfig, state: GroupState):

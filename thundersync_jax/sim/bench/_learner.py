@@ -30,6 +30,13 @@ from thundersync_jax.sim.bench._workload import ReplayTrajectory
 PAD_ID = 0
 
 
+def interquartile_mean(samples: Sequence[float]) -> float:
+    """Mean of the middle half (all samples when fewer than four)."""
+    ordered = sorted(samples)
+    k = len(ordered) // 4
+    return statistics.fmean(ordered[k : len(ordered) - k])
+
+
 class BenchLearner:
     """Score-gradient chunks, accumulator and optimizer step of one policy, with timers.
 
@@ -126,9 +133,10 @@ class BenchLearner:
         times timed, on the accumulator the batch uses. Then the `workload` chunks
         (e.g. one batch's chunks in sync order) run once each, timed: on a shared
         machine tens of samples per shape average out load spikes that a few
-        repetitions cannot. The fit uses each padded size's mean time (the step
-        time is a sum of chunk times, so the mean is what predicts it); opt_s is
-        the median of `reps` finalize + optimizer steps.
+        repetitions cannot. The fit uses each padded size's interquartile mean
+        time: the step time is a sum of chunk times, so a mean predicts it, but one
+        stall of the shared machine must not set the cost of a whole shape. opt_s
+        is the median of `reps` finalize + optimizer steps.
 
         Returns the model and one row per padded size: rows, length, samples, seconds.
         """
@@ -159,7 +167,7 @@ class BenchLearner:
             self.finish(advance=False)
             opt.append(time.perf_counter() - start)
         table = [
-            {"rows": r, "length": n, "samples": len(ts), "seconds": statistics.fmean(ts)}
+            {"rows": r, "length": n, "samples": len(ts), "seconds": interquartile_mean(ts)}
             for (r, n), ts in sorted(samples.items())
         ]
         cost = CostModel.fit(
