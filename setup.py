@@ -15,6 +15,7 @@ CORE = [
     "numpy>=1.26",
     "jaxtyping>=0.2.36",
     "pyzmq>=26",
+    "msgpack>=1.0",
     "tqdm>=4.66",
     "matplotlib>=3.8",
     "tensorboardX>=2.6",

@@ -125,6 +125,14 @@ def _bookkeeping(
     return small, _Plan(ok, k, slot.astype(jnp.int32), bucket.astype(jnp.int32), offset, full), code
 
 
+def _map_leaves(fn, num_outputs: int, *trees):
+    """Applies fn leaf-wise to trees shaped like the first; returns num_outputs trees."""
+    treedef = jax.tree.structure(trees[0])
+    leaves = [treedef.flatten_up_to(tree) for tree in trees]
+    outs = [fn(*xs) for xs in zip(*leaves, strict=True)]
+    return tuple(treedef.unflatten([out[i] for out in outs]) for i in range(num_outputs))
+
+
 def _increment(grad, ok, weight):
     # jnp.where, not multiplication by ok: a rejected grad may hold NaN, and NaN·0 = NaN.
     return jax.tree.map(lambda g: jnp.where(ok, g.astype(jnp.float32) * weight, 0.0), grad)
@@ -154,9 +162,7 @@ def _add_to_slot(total, shifted, plain, grad, ok, weight, offset, slot, fold, sc
         h = jax.lax.dynamic_update_index_in_dim(h, jnp.where(fold, 0.0, h_slot), slot, 0)
         return t, r, h
 
-    out = jax.tree.map(one, total, shifted, plain, inc)
-    is_triple = lambda x: isinstance(x, tuple) and len(x) == 3  # noqa: E731
-    return tuple(jax.tree.map(lambda o, i=i: o[i], out, is_leaf=is_triple) for i in range(3))
+    return _map_leaves(one, 3, total, shifted, plain, inc)
 
 
 @jax.jit
@@ -172,9 +178,35 @@ def _add_to_bucket(total, buckets, grad, ok, weight, slot, bucket, fold, advanta
         b = jax.lax.dynamic_update_index_in_dim(b, jnp.where(fold, 0.0, b_slot), slot, 0)
         return t, b
 
-    out = jax.tree.map(one, total, buckets, inc)
-    is_pair = lambda x: isinstance(x, tuple) and len(x) == 2  # noqa: E731
-    return tuple(jax.tree.map(lambda o, i=i: o[i], out, is_leaf=is_pair) for i in range(2))
+    return _map_leaves(one, 2, total, buckets, inc)
+
+
+@jax.jit
+def _fold_slot(total, shifted, plain, slot, fold, scale, shift):
+    """If `fold`: total += scale·R'[slot] + shift·H[slot] and the slot is zeroed."""
+    scale = jnp.where(fold, scale, 0.0)
+    shift = jnp.where(fold, shift, 0.0)
+
+    def one(t, r, h):
+        t = t + (scale * r[slot] + shift * h[slot])
+        r = jax.lax.dynamic_update_index_in_dim(r, jnp.where(fold, 0.0, r[slot]), slot, 0)
+        h = jax.lax.dynamic_update_index_in_dim(h, jnp.where(fold, 0.0, h[slot]), slot, 0)
+        return t, r, h
+
+    return _map_leaves(one, 3, total, shifted, plain)
+
+
+@jax.jit
+def _fold_buckets(total, buckets, slot, fold, advantages):
+    """If `fold`: total += Σ_j A_j·B[slot, j] and the slot is zeroed."""
+    advantages = jnp.where(fold, advantages, 0.0)
+
+    def one(t, b):
+        t = t + jnp.tensordot(advantages, b[slot], axes=1)
+        b = jax.lax.dynamic_update_index_in_dim(b, jnp.where(fold, 0.0, b[slot]), slot, 0)
+        return t, b
+
+    return _map_leaves(one, 2, total, buckets)
 
 
 @functools.partial(jax.jit, static_argnames="batch_scope")
@@ -316,24 +348,19 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
         small = _release(small, k, slot, fold, batch_scope=True)
         return _tallies_into(small, state.total, like=state), code
     # A group that never got a member has no slot: close it without touching tallies.
-    has_slot = small.slot_of_group[k] >= 0
-    zero = jax.tree.map(jnp.zeros_like, state.total)  # adds nothing; grad-shaped
-    state = _apply(
-        cfg,
-        state,
-        small,
-        zero,
-        jnp.asarray(False),
-        jnp.float32(0.0),
-        jnp.float32(0.0),
-        k,
-        slot,
-        jnp.int32(0),
-        fold & has_slot,
-    )
-    small, _ = _split(state)
+    fold_tallies = fold & (small.slot_of_group[k] >= 0)
+    if cfg.advantage.affine:
+        scale, shift = _affine_coefficients(cfg, small, k)
+        total, shifted, plain = _fold_slot(
+            state.total, state.shifted, state.plain, slot, fold_tallies, scale, shift
+        )
+        tallies = dict(shifted=shifted, plain=plain)
+    else:
+        advantages = _bucket_advantages(cfg, small, k, slot)
+        total, buckets = _fold_buckets(state.total, state.buckets, slot, fold_tallies, advantages)
+        tallies = dict(buckets=buckets)
     small = _release(small, k, slot, fold, batch_scope=False)
-    return _tallies_into(small, state.total, like=state), code
+    return _tallies_into(small, total, **tallies, like=state), code
 
 
 def finalize(cfg: GroupConfig, state: GroupState):
