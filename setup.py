@@ -44,7 +44,9 @@ setup(
     version="0.1.0",
     description=__doc__,
     python_requires=">=3.10",
-    packages=find_packages(include=["thundersync_jax", "thundersync_jax.*", "configs", "experiments"]),
+    packages=find_packages(
+        include=["thundersync_jax", "thundersync_jax.*", "configs", "experiments"]
+    ),
     install_requires=CORE,
     extras_require=EXTRAS,
 )

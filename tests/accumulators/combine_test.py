@@ -42,3 +42,18 @@ def test_combined_terms_match_reference(params, random_grad):
     ]
     want = jax.tree.map(lambda *x: sum(x), *parts)
     assert reference.relative_error(got, want) < 1e-5
+
+
+def test_opd_with_kl_term(params, random_grad):
+    rng = np.random.default_rng(1)
+    turns = [(random_grad(rng), random_grad(rng), int(rng.integers(1, 20))) for _ in range(4)]
+    acc = accumulators.combine(accumulators.opd(), kl=accumulators.regularizer(0.1))
+    state = acc.init(params)
+    for grad, kl_grad, n in turns:
+        state = acc.add_term(acc.add(state, grad, n), "kl", kl_grad, n)
+    want = jax.tree.map(
+        lambda a, b: a + b,
+        reference.direct_gradient([(g, n) for g, _, n in turns]),
+        reference.direct_gradient([(g, n) for _, g, n in turns], 0.1, "token-mean"),
+    )
+    assert reference.relative_error(acc.finalize(state), want) < 1e-6

@@ -78,3 +78,17 @@ def test_affine_estimators_have_no_bucket_limit(params, random_grad):
     state = replay(acc, params, trajectories, range(12))
     want = reference.grpo_gradient(trajectories, "grpo")
     assert reference.relative_error(acc.finalize(state), want) < 1e-5
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "batch", "callable"])
+def test_jitted_add_and_close_update_tallies_in_place(advantage):
+    # With the state donated, XLA must not copy the [M, ...] tally stacks: temporaries
+    # stay below one parameter-sized tally (a lax.cond fold used to copy all 2M of them).
+    params = {"w": np.zeros((257, 263), np.float32)}
+    estimator = (lambda r: r - r.mean()) if advantage == "callable" else advantage
+    acc = accumulators.grpo(6, 3, advantage=estimator, max_open_groups=3)
+    state = acc.init(params)
+    tally_bytes = params["w"].nbytes
+    for fn, args in [(acc.add, (state, 1, 0.5, params, 3)), (acc.close, (state, 1))]:
+        compiled = jax.jit(fn, donate_argnums=0).lower(*args).compile()
+        assert compiled.memory_analysis().temp_size_in_bytes < tally_bytes

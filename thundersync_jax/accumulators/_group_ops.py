@@ -43,6 +43,7 @@ class _Plan(NamedTuple):
     slot: jax.Array  # int32: tally slot
     bucket: jax.Array  # int32: reward bucket (non-affine estimators)
     offset: jax.Array  # float32: r − c_k, 0 when rejected
+    fresh: jax.Array  # bool: the group just took a slot, whose stale contents must be zeroed
     full: jax.Array  # bool: the group reached group_size and must fold
 
 
@@ -122,7 +123,8 @@ def _bookkeeping(
     )
     full = ok & (small.members[k] == size)
     offset = jnp.where(ok, reward - shift, 0.0)
-    return small, _Plan(ok, k, slot.astype(jnp.int32), bucket.astype(jnp.int32), offset, full), code
+    plan = _Plan(ok, k, slot.astype(jnp.int32), bucket.astype(jnp.int32), offset, take_slot, full)
+    return small, plan, code
 
 
 def _map_leaves(fn, num_outputs: int, *trees):
@@ -138,75 +140,66 @@ def _increment(grad, ok, weight):
     return jax.tree.map(lambda g: jnp.where(ok, g.astype(jnp.float32) * weight, 0.0), grad)
 
 
-# Folding is masked arithmetic, not lax.cond: a conditional over the stacked tallies
-# made XLA copy all 2M of them into temporaries on every add (measured with
-# memory_analysis), which defeats max_open_groups. Masked updates of one slot stay
-# in place in donated buffers.
+# Tally updates are written so XLA keeps the donated [M, ...] stacks in place: within one
+# step a stack is only written (scatter-add / scatter-multiply into one slot) and then
+# read, never read and then written. A lax.cond fold, or zeroing a slot right after
+# reading it, made XLA copy every stack (2M tallies of temporaries per add, measured
+# with memory_analysis on CPU). So folding only *reads* a slot into `total`, and a
+# freed slot is zeroed when the next group takes it ("fresh").
+
+
+def _keep(fresh):
+    return jnp.where(fresh, 0.0, 1.0)
 
 
 @jax.jit
-def _add_to_slot(total, shifted, plain, grad, ok, weight, offset, slot, fold, scale, shift):
-    """R'[slot] += (r − c)·w·h, H[slot] += w·h; if `fold`, the slot moves into total.
-
-    Folding adds scale·R'[slot] + shift·H[slot] to total and zeroes the slot.
-    """
+def _add_to_slot(total, shifted, plain, grad, ok, weight, offset, slot, fresh, fold, scale, shift):
+    """R'[slot] += (r − c)·w·h, H[slot] += w·h; if `fold`, total += scale·R' + shift·H."""
     inc = _increment(grad, ok, weight)
     scale = jnp.where(fold, scale, 0.0)
     shift = jnp.where(fold, shift, 0.0)
 
     def one(t, r, h, x):
-        r_slot = r[slot] + offset * x
-        h_slot = h[slot] + x
-        t = t + (scale * r_slot + shift * h_slot)
-        r = jax.lax.dynamic_update_index_in_dim(r, jnp.where(fold, 0.0, r_slot), slot, 0)
-        h = jax.lax.dynamic_update_index_in_dim(h, jnp.where(fold, 0.0, h_slot), slot, 0)
-        return t, r, h
+        r = r.at[slot].multiply(_keep(fresh)).at[slot].add(offset * x)
+        h = h.at[slot].multiply(_keep(fresh)).at[slot].add(x)
+        return t + (scale * r[slot] + shift * h[slot]), r, h
 
     return _map_leaves(one, 3, total, shifted, plain, inc)
 
 
+def _bucket_sum(advantages, b, slot):
+    # Unrolled over buckets: a tensordot over b[slot] made XLA copy the bucket stack.
+    return sum(advantages[j] * b[slot, j] for j in range(b.shape[1]))
+
+
 @jax.jit
-def _add_to_bucket(total, buckets, grad, ok, weight, slot, bucket, fold, advantages):
-    """B[slot, bucket] += w·h; if `fold`, total += Σ_j A_j·B[slot, j] and the slot is zeroed."""
+def _add_to_bucket(total, buckets, grad, ok, weight, slot, bucket, fresh, fold, advantages):
+    """B[slot, bucket] += w·h; if `fold`, total += Σ_j A_j·B[slot, j]."""
     inc = _increment(grad, ok, weight)
     advantages = jnp.where(fold, advantages, 0.0)
 
     def one(t, b, x):
-        b = b.at[slot, bucket].add(x)
-        b_slot = b[slot]
-        t = t + jnp.tensordot(advantages, b_slot, axes=1)
-        b = jax.lax.dynamic_update_index_in_dim(b, jnp.where(fold, 0.0, b_slot), slot, 0)
-        return t, b
+        b = b.at[slot].multiply(_keep(fresh)).at[slot, bucket].add(x)
+        return t + _bucket_sum(advantages, b, slot), b
 
     return _map_leaves(one, 2, total, buckets, inc)
 
 
 @jax.jit
 def _fold_slot(total, shifted, plain, slot, fold, scale, shift):
-    """If `fold`: total += scale·R'[slot] + shift·H[slot] and the slot is zeroed."""
+    """If `fold`: total += scale·R'[slot] + shift·H[slot] (the slot is zeroed on reuse)."""
     scale = jnp.where(fold, scale, 0.0)
     shift = jnp.where(fold, shift, 0.0)
-
-    def one(t, r, h):
-        t = t + (scale * r[slot] + shift * h[slot])
-        r = jax.lax.dynamic_update_index_in_dim(r, jnp.where(fold, 0.0, r[slot]), slot, 0)
-        h = jax.lax.dynamic_update_index_in_dim(h, jnp.where(fold, 0.0, h[slot]), slot, 0)
-        return t, r, h
-
-    return _map_leaves(one, 3, total, shifted, plain)
+    return jax.tree.map(
+        lambda t, r, h: t + (scale * r[slot] + shift * h[slot]), total, shifted, plain
+    )
 
 
 @jax.jit
 def _fold_buckets(total, buckets, slot, fold, advantages):
-    """If `fold`: total += Σ_j A_j·B[slot, j] and the slot is zeroed."""
+    """If `fold`: total += Σ_j A_j·B[slot, j] (the slot is zeroed on reuse)."""
     advantages = jnp.where(fold, advantages, 0.0)
-
-    def one(t, b):
-        t = t + jnp.tensordot(advantages, b[slot], axes=1)
-        b = jax.lax.dynamic_update_index_in_dim(b, jnp.where(fold, 0.0, b[slot]), slot, 0)
-        return t, b
-
-    return _map_leaves(one, 2, total, buckets)
+    return jax.tree.map(lambda t, b: t + _bucket_sum(advantages, b, slot), total, buckets)
 
 
 @functools.partial(jax.jit, static_argnames="batch_scope")
@@ -262,36 +255,45 @@ def _tallies_into(
     )
 
 
-def _apply(
-    cfg: GroupConfig, state: GroupState, small, grad, ok, weight, offset, k, slot, bucket, fold
-):
-    """Adds w·grad to the right tallies and, if `fold`, moves group k into total."""
+def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight, plan: _Plan):
+    """Adds w·grad to the planned tallies; a group that just filled up folds into total."""
     if cfg.advantage.affine:
         if cfg.batch_scope:  # one global pair, folded only at finalize
             fold, scale, shift = jnp.asarray(False), jnp.float32(0.0), jnp.float32(0.0)
         else:
-            scale, shift = _affine_coefficients(cfg, small, k)
+            fold, (scale, shift) = plan.full, _affine_coefficients(cfg, small, plan.k)
         total, shifted, plain = _add_to_slot(
             state.total,
             state.shifted,
             state.plain,
             grad,
-            ok,
+            plan.ok,
             weight,
-            offset,
-            slot,
+            plan.offset,
+            plan.slot,
+            plan.fresh,
             fold,
             scale,
             shift,
         )
-        small = _release(small, k, slot, fold, batch_scope=cfg.batch_scope)
-        return _tallies_into(small, total, shifted, plain, like=state)
-    advantages = _bucket_advantages(cfg, small, k, slot)
-    total, buckets = _add_to_bucket(
-        state.total, state.buckets, grad, ok, weight, slot, bucket, fold, advantages
-    )
-    small = _release(small, k, slot, fold, batch_scope=cfg.batch_scope)
-    return _tallies_into(small, total, buckets=buckets, like=state)
+        tallies = dict(shifted=shifted, plain=plain)
+    else:
+        advantages = _bucket_advantages(cfg, small, plan.k, plan.slot)
+        total, buckets = _add_to_bucket(
+            state.total,
+            state.buckets,
+            grad,
+            plan.ok,
+            weight,
+            plan.slot,
+            plan.bucket,
+            plan.fresh,
+            plan.full,
+            advantages,
+        )
+        tallies = dict(buckets=buckets)
+    small = _release(small, plan.k, plan.slot, plan.full, batch_scope=cfg.batch_scope)
+    return _tallies_into(small, total, **tallies, like=state)
 
 
 def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weighted):
@@ -318,20 +320,7 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         on_invalid=cfg.on_invalid,
     )
     weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
-    state = _apply(
-        cfg,
-        state,
-        small,
-        grad,
-        plan.ok,
-        weight,
-        plan.offset,
-        plan.k,
-        plan.slot,
-        plan.bucket,
-        plan.full,
-    )
-    return state, code
+    return _apply(cfg, state, small, grad, weight, plan), code
 
 
 def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.Array]:

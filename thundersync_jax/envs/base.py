@@ -69,7 +69,7 @@ class Environment(abc.ABC):
     def demonstration(self) -> list[ToolCall]:
         """A scripted sequence of tool calls that solves the task (supervised warm start)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: environments without a workspace)
         """Removes the workspace. Safe to call twice."""
 
     def __enter__(self) -> Environment:

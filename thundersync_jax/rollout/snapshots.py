@@ -1,53 +1,71 @@
 """Versioned weight snapshots: the learner publishes, rollout engines load.
 
-Layout of one snapshot (default root /dev/shm/thundersync/<run>):
+One snapshot is an Orbax checkpoint written by our SnapshotHandler (snapshot_handler.py):
 
-    <root>/v<version>/
-      arrays/         an Orbax PyTree checkpoint {dtype name: one flat 1-D buffer}
-      manifest.json   version, kind, tree hash, leaf table (path, shape, dtype, offset), file sizes,
-                      "complete": true  (written last)
+    <root>/v<version>/    (default root /dev/shm/thundersync/<run>)
+      params.bin          every leaf at a 64-byte aligned offset
+      manifest.json       version, kind, tree hash, leaf table, sizes, "complete": true
+      _CHECKPOINT_METADATA
 
-Why one flat buffer per dtype: Orbax's cost is dominated by per-array work (a TensorStore
-spec, metadata, a file set per array), so a model's hundreds of leaves publish several times
-slower than the same bytes as a few large arrays. The leaf table in the manifest restores the
-tree as views of the buffers (no copy). The buffers are saved uncompressed (zarr3, no OCDBT)
-in chunks TensorStore writes and reads in parallel; see experiments/bench_publish.py.
-
-Atomicity: everything is written into `<root>/.tmp-v<version>-<random>/`, fsynced, then renamed
-to `v<version>` in one step, so a reader sees either no snapshot or a complete one. A loader
-still checks the manifest's completeness marker, the file sizes and the tree structure, and
+Atomicity is Orbax's: `ocp.Checkpointer.save` writes into `<root>/v<version>.orbax-checkpoint-tmp`
+and renames it to `v<version>` in one step, so a reader sees either no snapshot or a complete
+one. A loader still checks the completeness marker, the data size and the tree structure, and
 raises SnapshotError naming what is wrong on a torn, corrupt or mismatched snapshot.
+
+Cost per publication (see experiments/bench_publish.py): the learner copies each leaf once into
+the file (a spare file prepared in the background since the last publication, see
+snapshot_spares.py), an engine maps the file read-only (no copy) and `jax.device_put` aliases it
+on CPU or copies it host-to-device on GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import uuid
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
 import jax
 import numpy as np
 
-FORMAT = "thundersync-snapshot/1"
-MANIFEST = "manifest.json"
-ARRAYS_DIR = "arrays"
+from thundersync_jax.rollout import snapshot_spares
+from thundersync_jax.rollout.snapshot_handler import (
+    DATA_FILE,
+    FORMAT,
+    MANIFEST,
+    SnapshotError,
+    SnapshotHandler,
+    SnapshotRestore,
+    SnapshotSave,
+    layout,
+)
+
+__all__ = [
+    "DATA_FILE",
+    "DEFAULT_BASE",
+    "KINDS",
+    "MANIFEST",
+    "SnapshotError",
+    "default_root",
+    "list_versions",
+    "load",
+    "prune",
+    "publish",
+    "read_manifest",
+    "snapshot_path",
+    "tree_hash",
+    "tree_signature",
+]
+
 DEFAULT_BASE = "/dev/shm/thundersync"
 KINDS = ("params", "lora_adapters", "merged")
-# TensorStore splits each buffer into chunks of this size and writes/reads them concurrently.
-CHUNK_BYTES = 8 << 20
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-class SnapshotError(RuntimeError):
-    """A snapshot is missing, torn, corrupt, of the wrong version, or of another tree."""
 
 
 def default_root(run: str, base: str = DEFAULT_BASE) -> str:
@@ -90,38 +108,8 @@ def _signature_hash(signature: Iterable[tuple[str, tuple[int, ...], str]]) -> st
 def _checkpointer():
     import orbax.checkpoint as ocp
 
-    # Orbax logs one warning per save about skipped OCDBT merges (we do not use OCDBT).
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=False, use_zarr3=True, use_compression=False)
-    return ocp.Checkpointer(handler)
-
-
-def _save_buffers(path: str, buffers: dict[str, np.ndarray]) -> None:
-    import orbax.checkpoint as ocp
-
-    save_args = {k: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES) for k in buffers}
-    _checkpointer().save(path, args=ocp.args.PyTreeSave(buffers, save_args=save_args))
-
-
-def _restore_buffers(path: str, names: Iterable[str]) -> dict[str, np.ndarray]:
-    import orbax.checkpoint as ocp
-
-    restore_args = {k: ocp.RestoreArgs(restore_type=np.ndarray) for k in names}
-    return _checkpointer().restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
-
-
-# ----------------------------------------------------------------------------- publish
-
-
-def _fsync_tree(path: str) -> None:
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(dirpath)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs several INFO lines per save
+    return ocp.Checkpointer(SnapshotHandler())
 
 
 def _fsync_dir(path: str) -> None:
@@ -132,13 +120,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _file_sizes(path: str) -> dict[str, int]:
-    sizes = {}
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(dirpath, name)
-            sizes[os.path.relpath(full, path)] = os.path.getsize(full)
-    return sizes
+# ----------------------------------------------------------------------------- publish
 
 
 def publish(
@@ -149,6 +131,7 @@ def publish(
     kind: str = "params",
     keep: int = 2,
     checksum: bool = False,
+    prepare_next: bool = True,
 ) -> str:
     """Writes `params` (any pytree of arrays) as snapshot `version` under `root`, atomically.
 
@@ -157,9 +140,11 @@ def publish(
       version: the policy version; engines tag their outputs with it.
       root: the run's snapshot directory (see `default_root`).
       kind: "params", "lora_adapters" or "merged"; recorded in the manifest for the loader.
-      keep: how many most recent versions to keep; older ones are removed after the rename.
-      checksum: also record an Adler-32 per buffer, verified on load (costs one pass over the
+      keep: how many most recent versions to keep; older ones are removed after the commit.
+      checksum: also record an Adler-32 of the bytes, verified on load (costs one pass over the
         bytes on each side; sizes and structure are always checked).
+      prepare_next: after the commit, prepare the next snapshot's file in the background (one
+        extra snapshot's worth of memory in `root`; see snapshot_spares.py).
 
     Returns:
       The snapshot directory `<root>/v<version>`.
@@ -173,45 +158,36 @@ def publish(
         raise SnapshotError(f"snapshot version {version} already exists at {final}")
     os.makedirs(root, exist_ok=True)
 
-    host = jax.device_get(params)
-    signature = tree_signature(host)
-    leaves = jax.tree_util.tree_leaves(host)
-    leaf_table, by_dtype, filled = [], {}, {}
-    for (path, shape, dtype), leaf in zip(signature, leaves, strict=True):
-        offset = filled.get(dtype, 0)
-        by_dtype.setdefault(dtype, []).append(np.asarray(leaf))
-        filled[dtype] = offset + int(np.prod(shape))
-        leaf_table.append({"path": path, "shape": list(shape), "dtype": dtype, "offset": offset})
-    buffers = {
-        dtype: np.concatenate([x.reshape(-1) for x in group]) for dtype, group in by_dtype.items()
+    # np.asarray of a CPU JAX array is a view (no copy); on an accelerator it is the one
+    # device-to-host copy publication needs.
+    host = [np.asarray(x) for x in jax.tree_util.tree_leaves(params)]
+    signature = tree_signature(host_tree := jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(params), host
+    ))
+    del host_tree
+    table, size = layout(signature)
+    header = {
+        "format": FORMAT,
+        "version": int(version),
+        "kind": kind,
+        "tree_hash": _signature_hash(signature),
+        "param_count": int(sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in signature)),
     }
-
-    tmp = os.path.join(root, f".tmp-v{int(version)}-{uuid.uuid4().hex[:8]}")
+    spare = snapshot_spares.take(root, size)
     try:
-        os.makedirs(tmp)
-        _save_buffers(os.path.join(tmp, ARRAYS_DIR), buffers)
-        manifest = {
-            "format": FORMAT,
-            "version": int(version),
-            "kind": kind,
-            "tree_hash": _signature_hash(signature),
-            "param_count": int(sum(int(np.prod(s)) for _, s, _ in signature)),
-            "num_bytes": int(sum(b.nbytes for b in buffers.values())),
-            "buffers": {d: int(b.size) for d, b in buffers.items()},
-            "checksums": {d: zlib.adler32(b.data) for d, b in buffers.items()} if checksum else {},
-            "leaves": leaf_table,
-            "files": _file_sizes(os.path.join(tmp, ARRAYS_DIR)),
-            "complete": True,
-        }
-        with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f)
-        _fsync_tree(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(root)
+        _checkpointer().save(
+            final, args=SnapshotSave(host, header, table, size, checksum=checksum, spare=spare)
+        )
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if spare is not None:
+            spare.discard()
+        for tmp in glob.glob(glob.escape(final) + ".orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _fsync_dir(root)
     prune(root, keep=keep)
+    if prepare_next:
+        snapshot_spares.prepare(root, size)
     return final
 
 
@@ -253,20 +229,6 @@ def read_manifest(path: str) -> dict:
     return manifest
 
 
-def _check_files(path: str, manifest: dict) -> None:
-    arrays = os.path.join(path, ARRAYS_DIR)
-    for rel, size in manifest["files"].items():
-        full = os.path.join(arrays, rel)
-        if not os.path.isfile(full):
-            raise SnapshotError(f"torn snapshot at {path}: missing file {ARRAYS_DIR}/{rel}")
-        actual = os.path.getsize(full)
-        if actual != size:
-            raise SnapshotError(
-                f"corrupt snapshot at {path}: {ARRAYS_DIR}/{rel} has {actual} bytes, "
-                f"the manifest recorded {size}"
-            )
-
-
 def _check_structure(manifest: dict, like: Any, path: str) -> None:
     expected = tree_signature(like)
     if _signature_hash(expected) == manifest["tree_hash"]:
@@ -284,7 +246,10 @@ def _check_structure(manifest: dict, like: Any, path: str) -> None:
 
 
 def load(path: str, expected_version: int | None = None, like: Any = None) -> Any:
-    """Loads a published snapshot as numpy arrays.
+    """Loads a published snapshot as read-only numpy arrays mapping its file (no copy).
+
+    The arrays keep the mapping alive; pruning the snapshot meanwhile is safe (see
+    snapshot_handler.py). On CPU, `jax.device_put` of the result aliases the mapping too.
 
     Args:
       path: a snapshot directory returned by `publish`.
@@ -294,7 +259,7 @@ def load(path: str, expected_version: int | None = None, like: Any = None) -> An
         dict {key path: array}.
 
     Returns:
-      The parameters (numpy arrays, views into one buffer per dtype).
+      The parameters as read-only numpy arrays.
 
     Raises:
       SnapshotError: on a missing/torn/corrupt snapshot, a version mismatch or a tree mismatch.
@@ -306,23 +271,12 @@ def load(path: str, expected_version: int | None = None, like: Any = None) -> An
         )
     if like is not None:
         _check_structure(manifest, like, path)
-    _check_files(path, manifest)
     try:
-        buffers = _restore_buffers(os.path.join(path, ARRAYS_DIR), manifest["buffers"])
-    except Exception as e:  # TensorStore/Orbax raise many types for damaged data
+        leaves = _checkpointer().restore(path, args=SnapshotRestore(manifest))
+    except SnapshotError:
+        raise
+    except Exception as e:  # Orbax raises ValueError/FileNotFoundError for damaged layouts
         raise SnapshotError(f"corrupt snapshot at {path}: Orbax restore failed: {e}") from e
-    for dtype, size in manifest["buffers"].items():
-        buf = buffers.get(dtype)
-        if buf is None or buf.size != size:
-            raise SnapshotError(f"corrupt snapshot at {path}: buffer {dtype} has wrong size")
-        want = manifest["checksums"].get(dtype)
-        if want is not None and zlib.adler32(np.ascontiguousarray(buf).data) != want:
-            raise SnapshotError(f"corrupt snapshot at {path}: checksum mismatch in {dtype} buffer")
-    leaves = []
-    for entry in manifest["leaves"]:
-        n = int(np.prod(entry["shape"]))
-        flat = buffers[entry["dtype"]][entry["offset"] : entry["offset"] + n]
-        leaves.append(flat.reshape(entry["shape"]))
     if like is None:
         return {e["path"]: x for e, x in zip(manifest["leaves"], leaves, strict=True)}
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

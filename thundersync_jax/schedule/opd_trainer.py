@@ -17,6 +17,7 @@ timelines and the final policy land in the workdir; rerunning resumes.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -113,7 +114,8 @@ def _start_engines(config, workdir, tok, student_cfg, examples, cache):
                 config, student_cfg, lambda: examples, cache, teacher_root
             )
         except BaseException:
-            fleet_f.result().close()
+            with contextlib.suppress(Exception):  # keep the teacher's error, not the fleet's
+                fleet_f.result().close()
             raise
         try:
             fleet = fleet_f.result()

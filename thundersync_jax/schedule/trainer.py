@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 from typing import Any
 
 import jax
@@ -31,6 +32,7 @@ from thundersync_jax.learner import chunks
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3, tokenizer
+from thundersync_jax.rollout import snapshots
 from thundersync_jax.schedule import components as setup
 from thundersync_jax.schedule import lora_policy, regularizers, rollouts
 from thundersync_jax.schedule.config_check import check_config
@@ -181,6 +183,7 @@ def train(config, workdir: str) -> dict:
     )
     last: dict = {}
     try:
+        _drop_stale_snapshots(fleet.root, first_step)
         run.publish(state.params, first_step)
         pending = None  # async: the next batch's rollouts, already running
         for step in range(first_step, config.num_steps):
@@ -291,6 +294,17 @@ def _train_step(run: _Run, step: int, state, pending):
     )
     setup.save_step_artifacts(config, run.workdir, step, timeline)
     return new_state, nxt, out
+
+
+def _drop_stale_snapshots(root: str, first_step: int) -> None:
+    """Removes snapshots a previous process of this run published past its last checkpoint.
+
+    A resumed run republishes those versions from the restored state, and no engine of the
+    new process reads the old ones.
+    """
+    for version in snapshots.list_versions(root):
+        if version >= first_step:
+            shutil.rmtree(snapshots.snapshot_path(root, version), ignore_errors=True)
 
 
 def _regularizer_compiles(learner: GrpoLearner) -> int:
