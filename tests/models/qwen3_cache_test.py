@@ -11,27 +11,18 @@ from flax import nnx
 from thundersync_jax.models import qwen3
 
 
-def random_model(cfg, seed, **kwargs):
-    return qwen3.from_hf_state_dict(cfg, qwen3.random_state_dict(cfg, seed), **kwargs)
-
-
-CFG = qwen3.Qwen3Config(
-    vocab_size=97,
-    hidden_size=40,
-    intermediate_size=52,
-    num_hidden_layers=2,
-    num_attention_heads=5,
-    num_key_value_heads=1,
-    head_dim=8,
-    rope_theta=5000.0,
-)
 ATOL = 2e-5
 
 
 @pytest.fixture(scope="module")
-def model():
+def cfg(tiny_qwen3_config):
+    return tiny_qwen3_config(rope_theta=5000.0)  # not the default, so a dropped theta shows
+
+
+@pytest.fixture(scope="module")
+def model(cfg, random_qwen3):
     # Norm scales away from 1 so a norm applied to the wrong tensor changes the logits.
-    return random_model(CFG, seed=7)
+    return random_qwen3(cfg, seed=7)
 
 
 @jax.jit
@@ -46,6 +37,13 @@ def _run(model, ids, mask=None, cache=None):
     return _jit_forward(*nnx.split(model), ids, mask, cache)
 
 
+def _alone(model, seq, length=7):
+    """Logits of `seq` run by itself (no cache), right-padded to one compiled length."""
+    ids = np.zeros((1, length), np.int32)
+    ids[0, : len(seq)] = seq
+    return np.asarray(_run(model, ids, np.arange(length)[None] < len(seq)))[0]
+
+
 def _batch():
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 97, size=(3, 11)).astype(np.int32)
@@ -55,10 +53,10 @@ def _batch():
     return ids, mask
 
 
-def test_prefill_then_token_by_token_equals_full_forward(model):
+def test_prefill_then_token_by_token_equals_full_forward(cfg, model):
     ids, mask = _batch()
     full = np.asarray(_run(model, ids, mask))
-    cache = qwen3.init_cache(CFG, batch_size=3, max_len=16)
+    cache = qwen3.init_cache(cfg, batch_size=3, max_len=16)
     prefill = 5
     logits, cache = _run(model, ids[:, :prefill], mask[:, :prefill], cache)
     steps = [np.asarray(logits)]
@@ -72,14 +70,15 @@ def test_prefill_then_token_by_token_equals_full_forward(model):
     np.testing.assert_array_equal(cache.lengths, mask.sum(1))
 
 
-def test_rows_are_prefilled_and_reset_independently(model):
+def test_rows_are_prefilled_and_reset_independently(cfg, model):
     """Continuous batching: row 1 is reset and refilled while row 0 decodes in the same call."""
     rng = np.random.default_rng(1)
     seq0 = rng.integers(0, 97, size=9).astype(np.int32)
     old1 = rng.integers(0, 97, size=5).astype(np.int32)
     new1 = rng.integers(0, 97, size=4).astype(np.int32)
     seq2 = rng.integers(0, 97, size=3).astype(np.int32)
-    cache = qwen3.init_cache(CFG, batch_size=3, max_len=12)
+    # max_len as in the first test: its one-token decode compilation is reused.
+    cache = qwen3.init_cache(cfg, batch_size=3, max_len=16)
 
     # Prefill rows 0 (6 tokens), 1 (old request, 5 tokens), 2 (3 tokens) in one padded call.
     ids = np.zeros((3, 6), np.int32)
@@ -103,8 +102,8 @@ def test_rows_are_prefilled_and_reset_independently(model):
     np.testing.assert_array_equal(cache.k[:, 2], row2_k)
     np.testing.assert_array_equal(cache.v[:, 2], row2_v)
 
-    alone0 = np.asarray(_run(model, seq0[None, :7]))[0]
-    alone1 = np.asarray(_run(model, new1[None]))[0]
+    alone0 = _alone(model, seq0[:7])
+    alone1 = _alone(model, new1)[:4]
     np.testing.assert_allclose(logits[0, 0], alone0[6], atol=ATOL, rtol=0)
     np.testing.assert_allclose(logits[1], alone1, atol=ATOL, rtol=0)
 
@@ -112,16 +111,16 @@ def test_rows_are_prefilled_and_reset_independently(model):
     ids = np.zeros((3, 1), np.int32)
     ids[2, 0] = 5
     logits, cache = _run(model, ids, np.array([[False], [False], [True]]), cache)
-    alone2 = np.asarray(_run(model, np.append(seq2, 5)[None]))[0]
+    alone2 = _alone(model, np.append(seq2, 5))
     np.testing.assert_allclose(logits[2, 0], alone2[3], atol=ATOL, rtol=0)
     np.testing.assert_array_equal(cache.lengths, [7, 4, 4])
 
 
-def test_init_cache_and_reset_rows_validate():
-    cache = qwen3.init_cache(CFG, 2, 8, jnp.bfloat16)
+def test_init_cache_and_reset_rows_validate(cfg):
+    cache = qwen3.init_cache(cfg, 2, 8, jnp.bfloat16)
     assert cache.k.shape == (2, 2, 8, 1, 8) and cache.k.dtype == jnp.bfloat16
     assert cache.max_len == 8
     with pytest.raises(ValueError, match="batch_size=0"):
-        qwen3.init_cache(CFG, 0, 8)
+        qwen3.init_cache(cfg, 0, 8)
     with pytest.raises(ValueError, match="rows_mask has shape"):
         qwen3.reset_rows(cache, np.array([True, False, True]))

@@ -11,26 +11,15 @@ from flax import nnx
 from thundersync_jax.models import qwen3, sampling
 
 
-def random_model(cfg, seed, **kwargs):
-    return qwen3.from_hf_state_dict(cfg, qwen3.random_state_dict(cfg, seed), **kwargs)
-
-
-CFG = qwen3.Qwen3Config(
-    vocab_size=97,
-    hidden_size=40,
-    intermediate_size=52,
-    num_hidden_layers=2,
-    num_attention_heads=5,
-    num_key_value_heads=1,
-    head_dim=8,
-    tie_word_embeddings=True,
-)
+@pytest.fixture(scope="module")
+def cfg(tiny_qwen3_config):
+    return tiny_qwen3_config(tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(cfg, random_qwen3):
     """Random weights large enough that next-token distributions are far from uniform."""
-    return random_model(CFG, seed=11)
+    return random_qwen3(cfg, seed=11)
 
 
 def _prompts():
@@ -97,7 +86,8 @@ def test_sample_token_matches_the_float64_nucleus_distribution():
 
     n = 6000
     keys = jax.vmap(lambda i: sampling.token_key(jax.random.key(42), i))(jnp.arange(n))
-    tokens, logprobs = jax.jit(sampling.sample_token)(
+    sample = jax.jit(sampling.sample_token)
+    tokens, logprobs = sample(
         jnp.broadcast_to(logits, (n, 7)), keys, jnp.full((n,), temperature), jnp.full((n,), top_p)
     )
     tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
@@ -108,7 +98,7 @@ def test_sample_token_matches_the_float64_nucleus_distribution():
     np.testing.assert_allclose(logprobs, np.log(ref[tokens]), atol=1e-5)
 
     # Greedy rows: argmax, log-prob 0; a nucleus row next to them does not change them.
-    greedy_tokens, greedy_lp = sampling.sample_token(
+    greedy_tokens, greedy_lp = sample(
         jnp.stack([logits, logits]), keys[:2], jnp.array([0.0, 1.0]), jnp.array([1.0, 0.3])
     )
     assert greedy_tokens.tolist() == [0, 0] and greedy_lp[0] == 0.0
@@ -188,7 +178,7 @@ def test_generate_rejects_bad_prompts(model):
         sampling.generate(model, [[1], [2]], [key], sp)
 
 
-def test_next_token_logits_mixes_prefill_and_idle_rows(model):
+def test_next_token_logits_mixes_prefill_and_idle_rows(cfg, model):
     """Left-padded prefill, right-padded prefill and an idle row in one call."""
     ids = np.array([[0, 0, 7, 8, 9], [4, 5, 6, 0, 0], [0, 0, 0, 0, 0]], np.int32)
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
@@ -197,7 +187,7 @@ def test_next_token_logits_mixes_prefill_and_idle_rows(model):
     def step(graphdef, state, ids, mask, cache):
         return sampling.next_token_logits(nnx.merge(graphdef, state), ids, mask, cache)
 
-    logits, cache = step(*nnx.split(model), ids, mask, qwen3.init_cache(CFG, 3, 8))
+    logits, cache = step(*nnx.split(model), ids, mask, qwen3.init_cache(cfg, 3, 8))
     assert logits.shape == (3, 97)
     np.testing.assert_array_equal(cache.lengths, [3, 3, 0])
     np.testing.assert_allclose(logits[0], _full_logits(model, [7, 8, 9])[-1], atol=2e-5)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from thundersync_jax.rollout import snapshots
+from thundersync_jax.rollout import snapshot_spares, snapshots
 from thundersync_jax.rollout.snapshots import SnapshotError
 
 
@@ -103,17 +103,14 @@ def test_tree_mismatch_names_the_first_difference(tmp_path):
         snapshots.load(path, 1, like=missing)
 
 
-def _data_files(path):
-    arrays = os.path.join(path, snapshots.ARRAYS_DIR)
-    manifest = snapshots.read_manifest(path)
-    by_size = sorted(manifest["files"].items(), key=lambda kv: -kv[1])
-    return [os.path.join(arrays, rel) for rel, _ in by_size]  # largest (array data) first
+def _data_file(path):
+    return os.path.join(path, snapshots.DATA_FILE)
 
 
 def test_torn_snapshots_fail_clearly(tmp_path):
     tree = _tree()
     path = snapshots.publish(tree, 1, str(tmp_path))
-    victim = _data_files(path)[0]
+    victim = _data_file(path)
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 2)
     with pytest.raises(SnapshotError, match="corrupt snapshot.*manifest recorded"):
@@ -141,7 +138,7 @@ def test_incomplete_marker_is_rejected(tmp_path):
 def test_checksum_catches_flipped_bytes(tmp_path):
     tree = {"w": np.arange(100_000, dtype=np.float32)}
     path = snapshots.publish(tree, 1, str(tmp_path), checksum=True)
-    victim = _data_files(path)[0]
+    victim = _data_file(path)
     with open(victim, "r+b") as f:
         f.seek(1000)
         byte = f.read(1)
@@ -159,7 +156,57 @@ def test_keeps_the_last_two_versions_and_refuses_rewrites(tmp_path):
     _assert_same(snapshots.load(snapshots.snapshot_path(root, 3), 3, like=_tree()), _tree(3))
     with pytest.raises(SnapshotError, match="already exists"):
         snapshots.publish(_tree(), 4, root)
+    names = sorted(os.listdir(root))
+    spares = [n for n in names if n.startswith(snapshot_spares.SPARE_PREFIX)]
+    assert len(spares) <= 1 and [n for n in names if n not in spares] == ["v3", "v4"]
+    snapshot_spares.discard(root)
+    snapshot_spares.drain()  # pruned versions are deleted in the background
     assert sorted(os.listdir(root)) == ["v3", "v4"]
+
+
+def test_orbax_commits_an_aligned_read_only_snapshot(tmp_path):
+    tree = _tree()
+    path = snapshots.publish(tree, 1, str(tmp_path), prepare_next=False)
+    assert "_CHECKPOINT_METADATA" in os.listdir(path)  # written by ocp.Checkpointer
+    assert not [n for n in os.listdir(tmp_path) if "orbax-checkpoint-tmp" in n]
+    manifest = snapshots.read_manifest(path)
+    assert all(e["offset"] % 64 == 0 for e in manifest["leaves"])
+    out = snapshots.load(path, 1, like=tree)
+    assert not out["embed"].flags.writeable  # a read-only mapping of the file
+    assert out["embed"].ctypes.data % 64 == 0
+
+
+def test_next_publication_fills_the_prepared_spare(tmp_path):
+    root = str(tmp_path)
+    snapshots.publish(_tree(1), 1, root)
+    snapshot_spares.wait(root)
+    (spare,) = [n for n in os.listdir(root) if n.startswith(snapshot_spares.SPARE_PREFIX)]
+    inode = os.stat(os.path.join(root, spare)).st_ino
+    path = snapshots.publish(_tree(2), 2, root, prepare_next=False)
+    assert os.stat(os.path.join(path, snapshots.DATA_FILE)).st_ino == inode
+    _assert_same(snapshots.load(path, 2, like=_tree()), _tree(2))
+    # A spare of another size is not used (and not left behind).
+    snapshots.publish(_tree(3), 3, root)
+    snapshot_spares.wait(root)
+    small = {"w": np.arange(5, dtype=np.float32)}
+    path = snapshots.publish(small, 4, root, prepare_next=False)
+    _assert_same(snapshots.load(path, 4, like=small), small)
+    assert not [n for n in os.listdir(root) if n.startswith(snapshot_spares.SPARE_PREFIX)]
+
+
+def test_loaded_weights_outlive_pruning_of_their_snapshot(tmp_path):
+    import jax
+
+    root = str(tmp_path)
+    tree = {"w": np.random.default_rng(0).standard_normal((257, 64)).astype(np.float32)}
+    path = snapshots.publish(tree, 1, root, prepare_next=False)
+    host = snapshots.load(path, 1, like=tree)
+    served = jax.device_put(host)  # on CPU aliases the mapping
+    for v in (2, 3):
+        snapshots.publish({"w": np.zeros((257, 64), np.float32)}, v, root, prepare_next=False)
+    assert snapshots.list_versions(root) == [2, 3]  # v1's file is unlinked
+    del host
+    np.testing.assert_array_equal(np.asarray(served["w"]), tree["w"])
 
 
 def test_default_root_rejects_paths():

@@ -13,6 +13,7 @@
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -111,12 +112,16 @@ class _EngineKiller:
 
 @pytest.mark.slow
 def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch):
+    # Both runs use the same workdir path (the first is moved aside), so the task set and
+    # the cached warm start are byte-identical and only the kill differs.
+    killed = str(base / "run")
+    trainer.train(_config(base), killed)
     clean = str(base / "clean")
-    trainer.train(_config(base), clean)
+    shutil.move(killed, clean)
     killer = _EngineKiller()
     monkeypatch.setattr(components, "EngineFleet", killer.fleet_class())
-    killed = str(base / "killed")
     trainer.train(_config(base), killed)
+    assert "cache hit: True" in _read(os.path.join(killed, "train.log"))
     assert killer.inflight_at_kill > 0  # the kill hit a batch in progress
     assert killer.new_pid not in (None, killer.killed_pid)  # the manager restarted it
     want, got = _final(clean), _final(killed)

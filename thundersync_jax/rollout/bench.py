@@ -1,9 +1,15 @@
 """Publication latency against a plain memory copy of the same bytes (experiments/bench_publish.py).
 
-End-to-end publication = `snapshots.publish` (flatten, Orbax write, fsync, rename) + the engine's
-`load_weights` (manifest and structure checks, Orbax read, device_put) + its acknowledgement
+End-to-end publication = `snapshots.publish` (one copy of each leaf into the snapshot file inside
+Orbax's temporary directory, manifest, commit by rename) + the engine's `load_weights` (manifest
+and structure checks, read-only mapping of the file, `jax.device_put`) + its acknowledgement
 over the engine protocol, measured on a real engine process. The baseline is `np.copyto` of one
-buffer holding all parameter bytes into a preallocated buffer: the fastest the bytes could move.
+buffer holding all parameter bytes into a preallocated, touched buffer, timed after every
+publication so both see the same machine load.
+
+Two series in one run: "warm" publications fill the spare file prepared in the background since
+the previous publication (the bench waits for it outside the timer, standing in for the training
+step between publications); "cold" publications (prepare_next=False) allocate a new file.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from thundersync_jax.rollout import server as rollout_server
-from thundersync_jax.rollout import snapshots
+from thundersync_jax.rollout import snapshot_spares, snapshots
 
 
 def bench_model_config(target_mib: int = 128) -> dict[str, Any]:
@@ -41,25 +47,6 @@ def bench_model_config(target_mib: int = 128) -> dict[str, Any]:
     )
 
 
-def _median_time(fn, repeats: int, warmup: int) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
-
-
-def memcpy_seconds(num_bytes: int, repeats: int, warmup: int) -> float:
-    """Median time of one np.copyto of `num_bytes` into a preallocated, touched buffer."""
-    src = np.random.default_rng(0).integers(0, 255, num_bytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    dst.fill(0)
-    return _median_time(lambda: np.copyto(dst, src), repeats, warmup)[0]
-
-
 def measure_publication(
     target_mib: int = 128,
     repeats: int = 5,
@@ -67,11 +54,13 @@ def measure_publication(
     base: str = snapshots.DEFAULT_BASE,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Publishes a ~target_mib model to one real engine `warmup + repeats` times.
+    """Publishes a ~target_mib model to one real engine, in a warm and a cold series.
 
-    Returns a dict with the byte count, median seconds of the memory copy, of the snapshot
-    write, of load + acknowledgement, and end to end, the bandwidths, and
-    `ratio` = end-to-end bandwidth / memory-copy bandwidth.
+    Each series runs `warmup` unmeasured then about `repeats` measured publications (in two
+    interleaved halves). Returns the byte count, the memory copy's median seconds, and per
+    series the medians of the snapshot write, of load + acknowledgement and end to end, their
+    bandwidths, and `ratio` = end-to-end bandwidth / memory-copy bandwidth; top-level `ratio`
+    is the warm series'.
     """
     import jax.numpy as jnp
     from flax import nnx
@@ -86,39 +75,59 @@ def measure_publication(
     os.makedirs(base, exist_ok=True)
     root = tempfile.mkdtemp(prefix="bench-publish-", dir=base)
     server_args = rollout_server.server_args(hf, max_batch=1, max_seq_len=16)
-    write_s, load_s, total_s = [], [], []
+    series = {"warm": ([], [], []), "cold": ([], [], [])}
+    copy_src = np.random.default_rng(0).integers(0, 255, num_bytes, dtype=np.uint8)
+    copy_dst = np.zeros_like(copy_src)  # allocated and touched: a copy, not page faults
+    copy_all: list[float] = []
     mgr = EngineManager(server_args, num_engines=1, env=env).start()
     try:
-        for version in range(warmup + repeats):
-            t0 = time.perf_counter()
-            path = snapshots.publish(params, version, root)
-            t1 = time.perf_counter()
-            mgr.load_weights(path, version)
-            t2 = time.perf_counter()
-            if version >= warmup:
-                write_s.append(t1 - t0)
-                load_s.append(t2 - t1)
-                total_s.append(t2 - t0)
+        version = 0
+        for mode in ("warm", "cold", "warm", "cold"):  # interleaved against drifting load
+            write_s, load_s, total_s = series[mode]
+            for i in range(warmup + -(-repeats // 2)):
+                t0 = time.perf_counter()
+                path = snapshots.publish(params, version, root, prepare_next=(mode == "warm"))
+                t1 = time.perf_counter()
+                mgr.load_weights(path, version)
+                t2 = time.perf_counter()
+                version += 1
+                snapshot_spares.wait(root)  # the training step between publications
+                t3 = time.perf_counter()
+                np.copyto(copy_dst, copy_src)  # the baseline, under the same load
+                t4 = time.perf_counter()
+                if i >= warmup:
+                    copy_all.append(t4 - t3)
+                    write_s.append(t1 - t0)
+                    load_s.append(t2 - t1)
+                    total_s.append(t2 - t0)
     finally:
         mgr.close()
+        snapshot_spares.discard(root)
         shutil.rmtree(root, ignore_errors=True)
-    copy_s = memcpy_seconds(num_bytes, repeats, warmup)
-    total = statistics.median(total_s)
-    return {
+    copy_s = statistics.median(copy_all)
+    out: dict[str, Any] = {
         "bytes": num_bytes,
         "leaves": len(_leaves(params)),
-        "repeats": repeats,
+        "repeats_per_series": len(series["warm"][2]),
         "memcpy_s": copy_s,
-        "write_s": statistics.median(write_s),
-        "load_ack_s": statistics.median(load_s),
-        "publish_s": total,
-        "publish_s_all": total_s,
         "memcpy_gbps": num_bytes / copy_s / 1e9,
-        "publish_gbps": num_bytes / total / 1e9,
-        "ratio": copy_s / total,
-        "loadavg_1min": os.getloadavg()[0],  # other processes on the machine skew both sides
-        "cpus": os.cpu_count(),
     }
+    for mode, (write_s, load_s, total_s) in series.items():
+        write, load, total = (statistics.median(x) for x in (write_s, load_s, total_s))
+        out[mode] = {
+            "write_s": write,
+            "load_ack_s": load,
+            "publish_s": total,
+            "publish_s_all": total_s,
+            "write_gbps": num_bytes / write / 1e9,
+            "load_ack_gbps": num_bytes / load / 1e9,
+            "publish_gbps": num_bytes / total / 1e9,
+            "ratio": copy_s / total,
+        }
+    out["ratio"] = out["warm"]["ratio"]
+    out["loadavg_1min"] = os.getloadavg()[0]  # other processes on the machine skew both sides
+    out["cpus"] = os.cpu_count()
+    return out
 
 
 def _leaves(tree: Any) -> list:

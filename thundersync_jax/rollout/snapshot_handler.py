@@ -130,14 +130,12 @@ def _write_new_file(path: str, leaves: list[np.ndarray], table: list[dict], size
 
 def _fill_spare(path: str, spare: Any, leaves: list[np.ndarray], table: list[dict]) -> None:
     buf = spare.adopt(path)  # renamed into the snapshot; still mapped writable
-    try:
-        for leaf, entry in zip(leaves, table, strict=True):
-            dest = np.frombuffer(buf, np.uint8, entry["nbytes"], entry["offset"])
-            np.copyto(dest, _bytes_of(leaf))
-            del dest  # mmap.close refuses while views exist
-        buf.flush()  # msync: a no-op on tmpfs, the durability point on a disk
-    finally:
-        buf.close()
+    for leaf, entry in zip(leaves, table, strict=True):
+        dest = np.frombuffer(buf, np.uint8, entry["nbytes"], entry["offset"])
+        np.copyto(dest, _bytes_of(leaf))
+        del dest  # unmapping refuses while views exist
+    del buf
+    spare.finish()
 
 
 def _checksum(parts: Any) -> int:
@@ -192,8 +190,9 @@ class SnapshotHandler(ocp.CheckpointHandler):
         finally:
             os.close(fd)  # the mapping holds its own reference to the file
         leaves = [
-            np.frombuffer(buf, e["dtype"], int(np.prod(e["shape"], dtype=np.int64)), e["offset"])
-            .reshape(e["shape"])
+            np.frombuffer(
+                buf, e["dtype"], int(np.prod(e["shape"], dtype=np.int64)), e["offset"]
+            ).reshape(e["shape"])
             for e in manifest["leaves"]
         ]
         want = manifest.get("adler32")

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -66,6 +67,7 @@ __all__ = [
 DEFAULT_BASE = "/dev/shm/thundersync"
 KINDS = ("params", "lora_adapters", "merged")
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+_PRUNED = ".pruned-"
 
 
 def default_root(run: str, base: str = DEFAULT_BASE) -> str:
@@ -86,7 +88,11 @@ def tree_signature(tree: Any) -> list[tuple[str, tuple[int, ...], str]]:
     """(key path, shape, dtype name) of every leaf, in flatten order; works on abstract trees."""
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     return [
-        (jax.tree_util.keystr(path), tuple(int(d) for d in np.shape(x)), np.dtype(x.dtype).name)
+        (
+            jax.tree_util.keystr(path),
+            tuple(int(d) for d in np.shape(x)),
+            np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).name,
+        )
         for path, x in leaves
     ]
 
@@ -161,10 +167,7 @@ def publish(
     # np.asarray of a CPU JAX array is a view (no copy); on an accelerator it is the one
     # device-to-host copy publication needs.
     host = [np.asarray(x) for x in jax.tree_util.tree_leaves(params)]
-    signature = tree_signature(host_tree := jax.tree_util.tree_unflatten(
-        jax.tree_util.tree_structure(params), host
-    ))
-    del host_tree
+    signature = tree_signature(params)
     table, size = layout(signature)
     header = {
         "format": FORMAT,
@@ -185,7 +188,7 @@ def publish(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(root)
-    prune(root, keep=keep)
+    prune(root, keep=keep, background=True)
     if prepare_next:
         snapshot_spares.prepare(root, size)
     return final
@@ -199,11 +202,26 @@ def list_versions(root: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def prune(root: str, keep: int = 2) -> list[int]:
-    """Removes all but the `keep` newest versions; returns the removed versions."""
+def prune(root: str, keep: int = 2, *, background: bool = False) -> list[int]:
+    """Removes all but the `keep` newest versions; returns the removed versions.
+
+    A removed version is first renamed out of the version namespace (one atomic step, so no
+    loader finds it afterwards), then deleted; with `background`, the deletion (freeing the
+    file's pages: ~half a memory copy) runs on the spare worker. An engine still mapping a
+    removed snapshot keeps its pages until it unmaps them.
+    """
     removed = list_versions(root)[:-keep] if keep > 0 else list_versions(root)
+    trash = [n for n in os.listdir(root) if n.startswith(_PRUNED)] if removed else []
     for v in removed:
-        shutil.rmtree(snapshot_path(root, v), ignore_errors=True)
+        name = f"{_PRUNED}v{v}-{uuid.uuid4().hex[:8]}"
+        os.rename(snapshot_path(root, v), os.path.join(root, name))
+        trash.append(name)
+    for name in trash:  # including leftovers of a process that died mid-prune
+        path = os.path.join(root, name)
+        if background:
+            snapshot_spares.in_background(shutil.rmtree, path, True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
     return removed
 
 

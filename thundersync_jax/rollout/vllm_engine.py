@@ -71,7 +71,7 @@ def snapshot_to_hf_state_dict(
             "(publish merged weights with lora.publish='merged')"
         )
     if param_dtype is None:
-        dtypes = set(manifest["buffers"])
+        dtypes = {entry["dtype"] for entry in manifest["leaves"]}
         if len(dtypes) != 1:
             raise snapshots.SnapshotError(f"{path}: mixed parameter dtypes {sorted(dtypes)}")
         param_dtype = dtypes.pop()
