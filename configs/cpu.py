@@ -37,6 +37,9 @@ def get_config(arg: str | None = None):
     c.rollout.max_turns = 6
     c.rollout.max_new_tokens_per_turn = 192
     c.rollout.max_traj_tokens = 1536
+    # Generous: the first requests of a run wait for the engine's compilations, and a slow
+    # (shared) machine must not turn them into dropped group members.
+    c.rollout.request_timeout_s = 900.0
     # Two sequence buckets = few compilations (every trajectory is 0.5-1.5k tokens).
     c.learner.seq_buckets = (1024, 1536)
     # Warm start: 8 demonstrations, full-batch; stopped early on purpose so the policy

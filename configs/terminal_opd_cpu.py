@@ -68,13 +68,13 @@ def get_config(arg: str | None = None):
     c.env.difficulty = "easy"
     c.env.num_tasks = 12
     c.env.terminal_families = SHORT_FAMILIES
-    c.sft.steps = 60
+    c.sft.steps = 40
     c.checkpoint.every = 5
     c.teacher = ml_collections.ConfigDict(
         dict(
             checkpoint="",  # a Qwen3 HF directory; empty = the embedded teacher below
             model=teacher_model(),
-            sft_steps=400,
+            sft_steps=120,
             sft_learning_rate=3e-3,
             max_batch=8,  # turns per teacher score call
             num_engines=1,

@@ -1,4 +1,4 @@
-"""Test-wide settings (CPU only, 8 fake devices for sharding tests) and shared tiny-model fixtures."""
+"""Test-wide settings (CPU only, 8 fake devices for sharding) and shared tiny-model fixtures."""
 
 import os
 
@@ -23,6 +23,12 @@ TINY_QWEN3_DIMS = dict(
     num_key_value_heads=1,
     head_dim=8,
 )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dims():
+    """`TINY_QWEN3_DIMS` as a fresh dict (HF config keys), e.g. for a transformers config."""
+    return dict(TINY_QWEN3_DIMS)
 
 
 @pytest.fixture(scope="session")

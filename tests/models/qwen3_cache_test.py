@@ -10,7 +10,6 @@ from flax import nnx
 
 from thundersync_jax.models import qwen3
 
-
 ATOL = 2e-5
 
 

@@ -20,26 +20,18 @@ transformers = pytest.importorskip("transformers")
 
 RTOL = 1e-4  # max |ours - transformers| / max |transformers|
 
-_BASE = dict(
-    vocab_size=97,
-    hidden_size=40,
-    intermediate_size=52,
-    num_hidden_layers=2,
-    num_attention_heads=5,
-    num_key_value_heads=1,
-    rms_norm_eps=1e-6,
-    max_position_embeddings=128,
-)
+# The shared tiny dims (tests/conftest.py) plus what transformers needs explicitly.
+_HF_EXTRA = dict(rms_norm_eps=1e-6, max_position_embeddings=128)
 
-# name -> (transformers config class, kwargs)
+# name -> (transformers config class, overrides of the tiny dims; Qwen2 derives head_dim = 40 / 5)
 CONFIGS = {
-    "qwen3_untied": ("Qwen3Config", dict(_BASE, head_dim=8, rope_theta=5000.0)),
+    "qwen3_untied": ("Qwen3Config", dict(rope_theta=5000.0)),
     "qwen3_tied_bias": (
         "Qwen3Config",
-        dict(_BASE, head_dim=12, tie_word_embeddings=True, attention_bias=True),
+        dict(head_dim=12, tie_word_embeddings=True, attention_bias=True),
     ),
-    "qwen2_untied": ("Qwen2Config", dict(_BASE, rope_theta=7000.0)),
-    "qwen2_tied": ("Qwen2Config", dict(_BASE, num_key_value_heads=5, tie_word_embeddings=True)),
+    "qwen2_untied": ("Qwen2Config", dict(rope_theta=7000.0)),
+    "qwen2_tied": ("Qwen2Config", dict(num_key_value_heads=5, tie_word_embeddings=True)),
 }
 
 
@@ -57,9 +49,11 @@ def _randomize(model, seed: int) -> None:
                 p.copy_(0.15 * noise)
 
 
-def _hf_model(name: str):
-    cls_name, kwargs = CONFIGS[name]
-    cfg = getattr(transformers, cls_name)(**kwargs)
+def _hf_model(name: str, dims: dict):
+    cls_name, overrides = CONFIGS[name]
+    if cls_name == "Qwen2Config":
+        dims = {k: v for k, v in dims.items() if k != "head_dim"}
+    cfg = getattr(transformers, cls_name)(**{**dims, **_HF_EXTRA, **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     _randomize(model, seed=list(CONFIGS).index(name))
@@ -92,12 +86,12 @@ def _rel_err(ours, ref, mask) -> float:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, tiny_qwen3_dims):
     """For each config: the HF model, its single-file and sharded checkpoints, and HF logits."""
     ids, mask, positions = _inputs()
     out = {}
     for name in CONFIGS:
-        model = _hf_model(name)
+        model = _hf_model(name, tiny_qwen3_dims)
         root = tmp_path_factory.mktemp(name)
         model.save_pretrained(root / "single")
         model.save_pretrained(root / "sharded", max_shard_size="20KB")

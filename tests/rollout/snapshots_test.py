@@ -167,7 +167,7 @@ def test_keeps_the_last_two_versions_and_refuses_rewrites(tmp_path):
 def test_orbax_commits_an_aligned_read_only_snapshot(tmp_path):
     tree = _tree()
     path = snapshots.publish(tree, 1, str(tmp_path), prepare_next=False)
-    assert "_CHECKPOINT_METADATA" in os.listdir(path)  # written by ocp.Checkpointer
+    assert {"_CHECKPOINT_METADATA", "commit_success.txt"} <= set(os.listdir(path))  # Orbax's
     assert not [n for n in os.listdir(tmp_path) if "orbax-checkpoint-tmp" in n]
     manifest = snapshots.read_manifest(path)
     assert all(e["offset"] % 64 == 0 for e in manifest["leaves"])
@@ -213,3 +213,28 @@ def test_default_root_rejects_paths():
     assert snapshots.default_root("exp1") == "/dev/shm/thundersync/exp1"
     with pytest.raises(ValueError, match="plain directory name"):
         snapshots.default_root("../x")
+
+
+def test_a_crashed_save_neither_counts_nor_blocks_its_version(tmp_path):
+    root = str(tmp_path)
+    leftover = os.path.join(root, "v5.orbax-checkpoint-tmp")
+    os.makedirs(leftover)
+    open(os.path.join(leftover, snapshots.DATA_FILE), "wb").write(b"half")
+    assert snapshots.list_versions(root) == []
+    with pytest.raises(SnapshotError, match="no manifest.json"):
+        snapshots.load(leftover)
+    path = snapshots.publish(_tree(), 5, root, prepare_next=False)
+    _assert_same(snapshots.load(path, 5, like=_tree()), _tree())
+    assert sorted(os.listdir(root)) == ["v5"]
+
+
+def test_a_failing_save_cleans_up_and_the_next_one_works(tmp_path):
+    root = str(tmp_path)
+    snapshots.publish(_tree(1), 1, root)  # leaves a spare for the next publication
+    snapshot_spares.wait(root)
+    with pytest.raises(TypeError):  # object arrays have no bytes to publish
+        snapshots.publish({"w": np.array([object()] * 3)}, 2, root)
+    assert snapshots.list_versions(root) == [1]
+    assert not [n for n in os.listdir(root) if "orbax-checkpoint-tmp" in n]
+    path = snapshots.publish(_tree(3), 3, root, prepare_next=False)
+    _assert_same(snapshots.load(path, 3, like=_tree()), _tree(3))

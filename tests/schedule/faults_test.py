@@ -12,6 +12,7 @@
 """
 
 import dataclasses
+import logging
 import os
 import shutil
 import subprocess
@@ -74,6 +75,14 @@ def base(tmp_path_factory):
     return tmp_path_factory.mktemp("faults")
 
 
+def _detach_log_file(workdir):
+    root = logging.getLogger("thundersync_jax")
+    for handler in list(root.handlers):
+        if getattr(handler, "_tsj_workdir", None) == workdir:
+            root.removeHandler(handler)
+            handler.close()
+
+
 class _EngineKiller:
     """SIGKILLs engine 0 once requests are in flight; records the pid before and after."""
 
@@ -117,6 +126,7 @@ def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch):
     killed = str(base / "run")
     trainer.train(_config(base), killed)
     clean = str(base / "clean")
+    _detach_log_file(killed)  # its train.log moves with the first run
     shutil.move(killed, clean)
     killer = _EngineKiller()
     monkeypatch.setattr(components, "EngineFleet", killer.fleet_class())

@@ -1,8 +1,9 @@
 """Pure state transitions of a GRPO-family accumulator: add, fold a group, finalize.
 
 Every function here is jnp-only and traceable with group, reward, num_tokens
-and count as tracers: decisions are masks, `jnp.where` and `lax.cond`. The
-public wrappers in `_grpo.py` add eager validation on top.
+and count as tracers: decisions are masks and `jnp.where` (no Python `if` on a
+traced value, and no `lax.cond` over the tallies, see below). The public
+wrappers in `_grpo.py` add eager validation on top.
 """
 
 from __future__ import annotations
@@ -239,9 +240,9 @@ def _bucket_advantages(cfg: GroupConfig, small: GroupState, k, slot):
     return jnp.where(in_use, adv, 0.0)
 
 
-def _split(state: GroupState):
-    small = state._replace(total=None, shifted=None, plain=None, buckets=None)
-    return small, (state.total, state.shifted, state.plain, state.buckets)
+def _small(state: GroupState) -> GroupState:
+    """The state without its parameter-sized tallies (what the bookkeeping jit sees)."""
+    return state._replace(total=None, shifted=None, plain=None, buckets=None)
 
 
 def _tallies_into(
@@ -307,7 +308,7 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
     reward = jnp.asarray(reward, jnp.float32)
     num_tokens = jnp.asarray(num_tokens, jnp.int32)
     count = jnp.asarray(count, jnp.int32)
-    small, _ = _split(state)
+    small = _small(state)
     small, plan, code = _bookkeeping(
         small,
         group,
@@ -329,7 +330,7 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     in_range = (group >= 0) & (group < cfg.num_groups)
     k = jnp.clip(group, 0, cfg.num_groups - 1)
     code = jnp.where(in_range, 0, _errors.GROUP_OUT_OF_RANGE).astype(jnp.int32)
-    small, _ = _split(state)
+    small = _small(state)
     small = record_error(cfg.on_invalid, small, code, group, jnp.float32(0.0), 1)
     fold = in_range & (small.status[k] != CLOSED)
     slot = jnp.maximum(small.slot_of_group[k], 0)
@@ -340,16 +341,14 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     fold_tallies = fold & (small.slot_of_group[k] >= 0)
     if cfg.advantage.affine:
         scale, shift = _affine_coefficients(cfg, small, k)
-        total, shifted, plain = _fold_slot(
+        total = _fold_slot(
             state.total, state.shifted, state.plain, slot, fold_tallies, scale, shift
         )
-        tallies = dict(shifted=shifted, plain=plain)
     else:
         advantages = _bucket_advantages(cfg, small, k, slot)
-        total, buckets = _fold_buckets(state.total, state.buckets, slot, fold_tallies, advantages)
-        tallies = dict(buckets=buckets)
+        total = _fold_buckets(state.total, state.buckets, slot, fold_tallies, advantages)
     small = _release(small, k, slot, fold, batch_scope=False)
-    return _tallies_into(small, total, **tallies, like=state), code
+    return _tallies_into(small, total, like=state), code
 
 
 def finalize(cfg: GroupConfig, state: GroupState):

@@ -26,6 +26,7 @@ class GroupState(NamedTuple):
     Attributes:
       total: like params. Σ A_i w_i h_i over closed groups, plus regularizer terms.
       shifted: [S] like params. Per open group, R'_k = Σ (r_i − c_k) w_i h_i.
+        A freed slot keeps stale values until the next group takes it and zeroes it.
       plain: [S] like params. Per open group, H_k = Σ w_i h_i.
       buckets: [S, nb] like params. Per open group and distinct reward, Σ w_i h_i
         (non-affine estimators only).

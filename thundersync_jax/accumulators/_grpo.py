@@ -122,6 +122,17 @@ def grpo(
       on_invalid: "raise", or "drop" to drop (and count in state.dropped) a
         trajectory with a non-finite reward or gradient, a bad group, or negative
         num_tokens. The open-group and bucket limits always raise.
+
+    Errors: eager calls raise ValueError naming the bad value (non-finite reward
+    or gradient leaf, group out of range, add to a closed group, more than
+    max_open_groups open, more than max_buckets distinct rewards for a
+    non-affine estimator, mismatched grad tree, finalize with open groups).
+    Under jax.jit, add/close skip the bad trajectory and record the error in
+    `state.error`; `acc.check(state)` raises it on the host, and `finalize`
+    returns NaN gradients while an error is recorded or a group is open.
+
+    Memory: with the state donated, a jitted add updates one slot of each
+    tally stack in place (no param-sized temporaries; see _group_ops).
     """
     if num_groups < 1 or group_size < 1:
         raise ValueError(

@@ -86,12 +86,17 @@ def measure_publication(
             write_s, load_s, total_s = series[mode]
             for i in range(warmup + -(-repeats // 2)):
                 t0 = time.perf_counter()
-                path = snapshots.publish(params, version, root, prepare_next=(mode == "warm"))
+                # As EngineManager.publish does: write, every engine acks, prepare the next file.
+                path = snapshots.publish(params, version, root, prepare_next=False)
                 t1 = time.perf_counter()
                 mgr.load_weights(path, version)
                 t2 = time.perf_counter()
+                if mode == "warm":
+                    snapshots.prepare_next(path)
+                else:  # only the deferred cleanup (unmapping, deleting pruned versions)
+                    snapshot_spares.after_publication(root, None)
                 version += 1
-                snapshot_spares.wait(root)  # the training step between publications
+                snapshot_spares.drain()  # the training step between publications
                 t3 = time.perf_counter()
                 np.copyto(copy_dst, copy_src)  # the baseline, under the same load
                 t4 = time.perf_counter()

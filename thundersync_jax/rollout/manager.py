@@ -213,8 +213,11 @@ class EngineManager:
         """Writes snapshot `version` (see snapshots.publish) and waits for every engine's ack."""
         from thundersync_jax.rollout import snapshots  # JAX-side; the manager itself needs no JAX
 
-        path = snapshots.publish(params, version, root, **publish_kwargs)
+        prepare_next = publish_kwargs.pop("prepare_next", True)
+        path = snapshots.publish(params, version, root, prepare_next=False, **publish_kwargs)
         self.load_weights(path, version)
+        if prepare_next:  # after the acks, so preparing the next file does not slow the loads
+            snapshots.prepare_next(path)
         return path
 
     def score(self, token_lists: Sequence[Sequence[int]]) -> list:

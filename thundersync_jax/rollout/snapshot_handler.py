@@ -102,14 +102,6 @@ class SnapshotRestore(ocp.args.CheckpointArgs):
 # ----------------------------------------------------------------------------- handler
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     view = memoryview(data)
     while len(view):  # pwrite moves at most ~2 GiB per call
@@ -204,10 +196,6 @@ class SnapshotHandler(ocp.CheckpointHandler):
     def metadata(self, directory: epath.Path) -> dict:
         with open(os.path.join(os.fspath(directory), MANIFEST)) as f:
             return json.load(f)
-
-    def finalize(self, directory: epath.Path) -> None:
-        # Orbax renames the temporary directory next; make its entries durable first.
-        _fsync(os.fspath(directory))
 
 
 ocp.args.register_with_handler(SnapshotHandler, for_save=True)(SnapshotSave)

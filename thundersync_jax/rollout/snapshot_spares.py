@@ -30,6 +30,7 @@ class SpareFile:
     """A zero-filled file of `size` bytes in `root`, allocated and mapped writable."""
 
     def __init__(self, root: str, size: int):
+        self.root = root
         self.path = os.path.join(root, f"{SPARE_PREFIX}{uuid.uuid4().hex[:12]}.bin")
         self.size = size
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -54,11 +55,11 @@ class SpareFile:
         return self._map
 
     def finish(self) -> None:
-        """Flushes the filled mapping and unmaps it in the background (unmapping a populated
-        mapping costs ~a third of a memory copy; nothing waits for it)."""
+        """Flushes the filled mapping; unmaps it later (see `defer`: unmapping a populated
+        mapping costs ~half a memory copy, and nothing needs to wait for it)."""
         buf, self._map = self._map, None
         buf.flush()  # msync: a no-op on tmpfs, the durability point on a disk
-        in_background(buf.close)
+        defer(self.root, buf.close)
 
     def discard(self) -> None:
         if self._map is not None:
@@ -72,6 +73,7 @@ class SpareFile:
 
 _lock = threading.Lock()
 _pending: dict[str, Future] = {}  # root -> Future[SpareFile]
+_deferred: dict[str, list] = {}  # root -> [(fn, args)] waiting for after_publication
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-spare")
 
 
@@ -100,9 +102,24 @@ def take(root: str, size: int) -> SpareFile | None:
     return spare
 
 
-def in_background(fn: Callable[..., Any], *args: Any) -> None:
-    """Runs `fn(*args)` on the worker that prepares spares (in submission order)."""
-    _executor.submit(fn, *args)
+def defer(root: str, fn: Callable[..., Any], *args: Any) -> None:
+    """Queues cleanup work of a publication to `root` (unmapping, deleting pruned versions).
+
+    It runs on the background worker once `after_publication(root)` is called: after the
+    engines acknowledged the snapshot, so freeing memory does not compete with their loads.
+    """
+    with _lock:
+        _deferred.setdefault(root, []).append((fn, args))
+
+
+def after_publication(root: str, next_size: int | None) -> None:
+    """Starts the deferred cleanup for `root`, then preparing a spare of `next_size` bytes."""
+    with _lock:
+        work = _deferred.pop(root, [])
+    for fn, args in work:
+        _executor.submit(fn, *args)
+    if next_size is not None:
+        prepare(root, next_size)
 
 
 def drain() -> None:
@@ -119,7 +136,10 @@ def wait(root: str) -> None:
 
 
 def discard(root: str | None = None) -> None:
-    """Removes this process's unused spare for `root` (all roots if None)."""
+    """Runs deferred cleanup and removes this process's unused spare for `root` (all if None)."""
+    for r in list(_deferred) if root is None else [root]:
+        after_publication(r, None)
+    drain()
     with _lock:
         roots = list(_pending) if root is None else [root]
         futures = [_pending.pop(r) for r in roots if r in _pending]
@@ -128,4 +148,18 @@ def discard(root: str | None = None) -> None:
             future.result().discard()
 
 
-atexit.register(discard)
+def _at_exit() -> None:
+    # The worker is shut down by now (its queued work finished): clean up inline.
+    with _lock:
+        work = [item for items in _deferred.values() for item in items]
+        futures = list(_pending.values())
+        _deferred.clear()
+        _pending.clear()
+    for fn, args in work:
+        fn(*args)
+    for future in futures:
+        if future.done() and future.exception() is None:
+            future.result().discard()
+
+
+atexit.register(_at_exit)

@@ -5,12 +5,14 @@ One snapshot is an Orbax checkpoint written by our SnapshotHandler (snapshot_han
     <root>/v<version>/    (default root /dev/shm/thundersync/<run>)
       params.bin          every leaf at a 64-byte aligned offset
       manifest.json       version, kind, tree hash, leaf table, sizes, "complete": true
-      _CHECKPOINT_METADATA
+      _CHECKPOINT_METADATA, commit_success.txt    (Orbax's)
 
-Atomicity is Orbax's: `ocp.Checkpointer.save` writes into `<root>/v<version>.orbax-checkpoint-tmp`
-and renames it to `v<version>` in one step, so a reader sees either no snapshot or a complete
-one. A loader still checks the completeness marker, the data size and the tree structure, and
-raises SnapshotError naming what is wrong on a torn, corrupt or mismatched snapshot.
+Atomicity is Orbax's: `ocp.Checkpointer.save` writes into
+`<root>/v<version>.orbax-checkpoint-tmp`, adds `commit_success.txt` and renames it to
+`v<version>` in one step (snapshot_commit.py), so a reader sees either no snapshot or a
+complete one. A loader still checks the completeness marker, the data size and the tree
+structure, and raises SnapshotError naming what is wrong on a torn, corrupt or mismatched
+snapshot.
 
 Cost per publication (see experiments/bench_publish.py): the learner copies each leaf once into
 the file (a spare file prepared in the background since the last publication, see
@@ -36,6 +38,7 @@ import jax
 import numpy as np
 
 from thundersync_jax.rollout import snapshot_spares
+from thundersync_jax.rollout.snapshot_commit import InlineRenameTemporaryPath
 from thundersync_jax.rollout.snapshot_handler import (
     DATA_FILE,
     FORMAT,
@@ -56,6 +59,7 @@ __all__ = [
     "default_root",
     "list_versions",
     "load",
+    "prepare_next",
     "prune",
     "publish",
     "read_manifest",
@@ -115,15 +119,7 @@ def _checkpointer():
     import orbax.checkpoint as ocp
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs several INFO lines per save
-    return ocp.Checkpointer(SnapshotHandler())
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return ocp.Checkpointer(SnapshotHandler(), temporary_path_class=InlineRenameTemporaryPath)
 
 
 # ----------------------------------------------------------------------------- publish
@@ -149,8 +145,9 @@ def publish(
       keep: how many most recent versions to keep; older ones are removed after the commit.
       checksum: also record an Adler-32 of the bytes, verified on load (costs one pass over the
         bytes on each side; sizes and structure are always checked).
-      prepare_next: after the commit, prepare the next snapshot's file in the background (one
-        extra snapshot's worth of memory in `root`; see snapshot_spares.py).
+      prepare_next: after the commit, start the deferred cleanup and prepare the next
+        snapshot's file in the background (one extra snapshot's worth of memory in `root`; see
+        snapshot_spares.py). With False, call `prepare_next(path)` once engines have loaded it.
 
     Returns:
       The snapshot directory `<root>/v<version>`.
@@ -176,6 +173,7 @@ def publish(
         "tree_hash": _signature_hash(signature),
         "param_count": int(sum(int(np.prod(s, dtype=np.int64)) for _, s, _ in signature)),
     }
+    snapshot_spares.after_publication(root, None)  # a previous publication's leftover cleanup
     spare = snapshot_spares.take(root, size)
     try:
         _checkpointer().save(
@@ -187,11 +185,21 @@ def publish(
         for tmp in glob.glob(glob.escape(final) + ".orbax-checkpoint-tmp*"):
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(root)
     prune(root, keep=keep, background=True)
     if prepare_next:
-        snapshot_spares.prepare(root, size)
+        snapshot_spares.after_publication(root, size)
     return final
+
+
+def prepare_next(path: str) -> None:
+    """Starts the publication's deferred cleanup and preparing the next snapshot's file.
+
+    Both run in the background. `publish(prepare_next=True)` does this right after its commit;
+    a caller that waits for engines to load the snapshot (EngineManager.publish) calls it after
+    their acknowledgements instead, so the background work does not compete with the loads.
+    """
+    root = os.path.dirname(os.path.abspath(path))
+    snapshot_spares.after_publication(root, read_manifest(path)["data_bytes"])
 
 
 def list_versions(root: str) -> list[int]:
@@ -207,8 +215,8 @@ def prune(root: str, keep: int = 2, *, background: bool = False) -> list[int]:
 
     A removed version is first renamed out of the version namespace (one atomic step, so no
     loader finds it afterwards), then deleted; with `background`, the deletion (freeing the
-    file's pages: ~half a memory copy) runs on the spare worker. An engine still mapping a
-    removed snapshot keeps its pages until it unmaps them.
+    file's pages: ~half a memory copy) is deferred (see snapshot_spares.defer). An engine
+    still mapping a removed snapshot keeps its pages until it unmaps them.
     """
     removed = list_versions(root)[:-keep] if keep > 0 else list_versions(root)
     trash = [n for n in os.listdir(root) if n.startswith(_PRUNED)] if removed else []
@@ -219,7 +227,7 @@ def prune(root: str, keep: int = 2, *, background: bool = False) -> list[int]:
     for name in trash:  # including leftovers of a process that died mid-prune
         path = os.path.join(root, name)
         if background:
-            snapshot_spares.in_background(shutil.rmtree, path, True)
+            snapshot_spares.defer(root, shutil.rmtree, path, True)
         else:
             shutil.rmtree(path, ignore_errors=True)
     return removed
