@@ -5,19 +5,23 @@ Command:
     python -m experiments.terminal_opd --config=configs/terminal_opd_cpu.py --workdir=runs/opd
 
 What to expect: two supervised warm starts on the scripted terminal demonstrations, cached
-in the workdir — the student (2 layers, 60 steps) and a larger, longer-trained teacher
-(3 layers, 400 steps; together ~5-8 min the first time) — then OPD steps of ~15-40 s: the
-student's episodes run in its engine process with sandboxed bash tool calls, every sampled
-turn is scored by the teacher in its own engine process while the tool call runs, and the
-learner streams per-turn gradients. `reverse_kl` in metrics.jsonl (the sampled-token estimate
-of KL(student ‖ teacher)) falls over the steps; `learner_idle_frac` is well below the sync
-schedule's (`--config.schedule=sync`).
+under the workdir (or --config.sft.cache_dir) — the student (2 layers, 40 steps) and a larger,
+longer-trained teacher (3 layers, wider, 120 steps) — then OPD steps: the student's episodes
+run in its engine process with sandboxed bash tool calls, every sampled turn is scored by the
+teacher in its own engine process while the tool call runs, and the learner streams per-turn
+gradients. `reverse_kl` in metrics.jsonl (the sampled-token estimate of KL(student ‖ teacher)
+at the step's policy) falls over the steps. Measured on a heavily shared 2-core box (load
+~13), 4 steps with --config.teacher.sft_steps=60: warm starts ~3 + ~10 min (then cached);
+step times 201 / 83 / 52 / 61 s (the first ones compile), reverse_kl 0.95 → 0.80 → 0.71 →
+0.77, once compiled learner_idle_frac 0.77 with tail_s 2.8 s (the learner finishes 3 s after
+the last turn is scored).
 
 Use a Qwen3 HF checkpoint as the teacher with `--config.teacher.checkpoint=DIR` (same
 tokenizer as the student).
 
 Variants (`--config=configs/terminal_opd_cpu.py:VARIANT`):
-  smoke   one or two small steps in about a minute (2 groups x 2 members, short warm starts)
+  smoke   two small steps (2 groups x 2 members, 32-token turns, 4 + 8 warm-start steps);
+          a few minutes on a loaded 2-core box, most of it compiling
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Preallocated data files for the next snapshot, and the background worker that prepares them.
 
-Writing a new file in tmpfs costs allocating and zeroing every page (measured ~2-3x a memory
-copy on the dev machine), and none of that depends on the weights. So after a publication the
+Writing a new file in tmpfs costs allocating and zeroing every page (a new-file write ran at
+~0.85 GB/s against 5.6 GB/s for a memory copy on the dev machine), and none of that depends on
+the weights. So after a publication the
 learner prepares the next snapshot's file while it trains: a zero-filled file of the same size,
 allocated and mapped writable with its page tables filled. The next `publish` renames it into
 the snapshot and copies the leaves into the mapping, one memory copy.
