@@ -118,7 +118,7 @@ class SweEnvironment(Environment):
         if not isinstance(command, str) or not command.strip():
             return f"error: command must be a non-empty string, got {command!r}"
         res = self._sandbox.run(command, timeout_s=self.command_timeout_s)
-        out = (res.stdout + res.stderr).rstrip("\n")
+        out = swe_tools.without_durations((res.stdout + res.stderr).rstrip("\n"))
         if res.timed_out:
             out += f"\n(timed out after {self.command_timeout_s or self._sandbox.timeout_s:g} s)"
         elif res.exit_code != 0:

@@ -9,6 +9,7 @@ exceptions, so a model's bad call costs one turn and nothing else.
 from __future__ import annotations
 
 import os
+import re
 
 from thundersync_jax.envs.base import ToolSpec
 
@@ -133,3 +134,15 @@ def cap(text: str, max_bytes: int) -> str:
     head = max(0, (max_bytes - len(marker)) // 3)
     tail = max(0, max_bytes - len(marker) - head)
     return text[:head] + marker + (text[-tail:] if tail else "")
+
+
+# pytest ends with "4 passed in 0.03s" (and "(0:01:02)" past a minute): wall times that
+# differ between runs of the same command. Keyed sampling promises the same trajectory
+# for the same (seed, step, prompt, member), and the warm start caches on its
+# transcripts' bytes, so observations must not carry timings.
+_PYTEST_DURATION = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?")
+
+
+def without_durations(text: str) -> str:
+    """Drops pytest's run durations from command output (they would make it nondeterministic)."""
+    return _PYTEST_DURATION.sub("", text)
