@@ -4,11 +4,18 @@ Command (what `make run` does):
 
     python -m experiments.swe_grpo --config=configs/cpu.py --workdir=runs/cpu
 
-What to expect: a deliberately partial supervised warm start on the scripted
-demonstrations of the 16 training tasks (cached in the workdir), then GRPO
-steps with the embedded engine in its own process, real bubblewrap-sandboxed
-tool calls and pytest verifiers; mean reward rises by >= 0.2 between the first
-and last five steps; the final policy is exported to runs/cpu/final/.
+What to expect: a supervised warm start on the scripted demonstrations of the
+8 training tasks (160 full-batch steps, ~1.2 CPU-s each; cached in the workdir
+only while the tool outputs are byte-identical), then GRPO steps with the
+embedded engine in its own process, bubblewrap-sandboxed tool calls and pytest
+verifiers; the final policy is exported to runs/cpu/final/.
+
+STATUS (TUNE, 2026-11-30): NOT yet validated against the headline target (mean
+reward +0.2 between the first and last five steps within 15 min). Measured on
+a heavily shared machine, with a 160-step warm start trained on an earlier
+render of the tool outputs: 0/16 episodes solved at temperature 1 (0/16 at 0.7
+and 0.5), so GRPO got no signal; one step cost ~640 s wall there (engine ~4
+CPU-min). See the TUNE report for the diagnosis.
 
 Variants (`--config=configs/cpu.py:VARIANT`):
   smoke   one small step in under 30 s (2 groups x 2 members, short warm start)
@@ -28,7 +35,7 @@ def get_config(arg: str | None = None):
     c.rl.num_groups = 4
     c.rl.group_size = 4
     # A tiny model after a partial warm start: a larger step than the base default so the
-    # reward moves within ~40 updates (Adam bounds each parameter's move by ~lr per step).
+    # reward moves within ~30 updates (Adam bounds each parameter's move by ~lr per step).
     c.optim.learning_rate = 1e-3
     c.env.family = "mini_swe"
     c.env.difficulty = "easy"
