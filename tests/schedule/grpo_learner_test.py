@@ -97,3 +97,29 @@ def test_stale_trajectory_is_rejected(setup):
     tr = trajs[(0, 0)]
     with pytest.raises(StalePolicyError, match="version 0 but the learner is at version 3"):
         learner.process([WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)])
+
+
+def test_lost_member_closes_its_group_short(setup):
+    """A rollout that fails for good shrinks its group; the update uses the members it has."""
+    from thundersync_jax.schedule.learner_loop import MemberFailed
+
+    params, score_fn, trajs = setup
+    lost = (2, 1)
+    kept = {km: tr for km, tr in trajs.items() if km != lost}
+    ref_in = []
+    for (k, _m), tr in sorted(kept.items()):
+        h, n = score_fn(params, tr.tokens[None], tr.loss_mask[None])
+        ref_in.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+    want = accumulators.reference.grpo_gradient(ref_in)
+    acc = accumulators.grpo(num_groups=K, group_size=G)
+    learner = GrpoLearner(acc, score_fn, pad_id=0)
+    learner.begin(params, version=0)
+    q: queue.Queue = queue.Queue()
+    for t, ((k, m), tr) in enumerate(sorted(kept.items())):
+        q.put(WorkItem(f"g{k}m{m}", k, tr.reward, int(tr.loss_mask.sum()), float(t), payload=tr))
+    q.put(MemberFailed(group=lost[0], reason="engine gave up"))
+    stats = run_learner_batch(Planner("stream", K, G, max_chunk_tokens=64), q, learner.process)
+    assert stats.failed_groups == {lost[0]}
+    learner.close_short_groups(stats.failed_groups)
+    err = accumulators.reference.relative_error(learner.finalize(), want)
+    assert err < 1e-5, err

@@ -126,6 +126,7 @@ def test_one_lora_step_changes_only_adapters(setup):
     assert jax.tree.structure(policy.publishable(new_state.params)) == jax.tree.structure(params)
 
 
+@pytest.mark.slow
 def test_lora_gradient_matches_direct_grad(setup):
     graphdef, params, trajs = setup
     policy, _, _, grads, _ = _one_step(graphdef, params, trajs, _config())

@@ -159,6 +159,7 @@ def _pairs(got, want):
     return zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rl, loss_agg",
     [

@@ -121,5 +121,10 @@ class GrpoLearner:
         self.tokens += n
         self.rewards.extend(float(item.reward) for item in chunk)
 
+    def close_short_groups(self, groups) -> None:
+        """Closes groups that lost members for good, so they fold with the members they have."""
+        for g in sorted(groups):
+            self.state = self.acc.close(self.state, g)
+
     def finalize(self):
         return self.acc.finalize(self.state)

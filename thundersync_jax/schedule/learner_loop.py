@@ -34,6 +34,7 @@ class BatchStats:
     first_arrival_s: float | None = None
     last_arrival_s: float | None = None
     failures: list[str] = dataclasses.field(default_factory=list)
+    failed_groups: set[int] = dataclasses.field(default_factory=set)
 
 
 def run_learner_batch(
@@ -61,6 +62,7 @@ def run_learner_batch(
         if isinstance(item, MemberFailed):
             planner.drop_member(item.group)
             stats.failures.append(item.reason)
+            stats.failed_groups.add(item.group)
             return
         now = clock()
         stats.first_arrival_s = now if stats.first_arrival_s is None else stats.first_arrival_s

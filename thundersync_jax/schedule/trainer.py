@@ -267,6 +267,7 @@ def _train_step(run: _Run, step: int, state, pending):
     current["thread"].join()
 
     with timeline.span(metrics.OPT):
+        learner.close_short_groups(stats.failed_groups)
         grads = learner.finalize()
         new_state, finite, grad_norm = run.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
