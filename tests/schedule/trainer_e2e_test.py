@@ -109,6 +109,7 @@ def test_sigkill_and_resume_ends_at_same_parameters(runs):
         f"--config.sft.cache_dir={base / 'sft'}",
         f"--config.rollout.snapshot_root={base / 'shm'}",
         "--config.checkpoint.every=1",
+        "--config.rl.entropy_coef=0.01",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
