@@ -136,3 +136,23 @@ def test_lora_adapter_snapshots_are_served_merged_into_the_base(model, engine, t
     assert any(not np.allclose(w, b) for w, b in zip(want, jax.tree.leaves(base), strict=True))
     for w, g in zip(want, got, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)
+
+
+def test_a_request_samples_the_same_alone_or_prefilled_with_others(engine, tiny):
+    # Prefill runs each admitted prompt on its own, so co-admitted prompts (and the row the
+    # request lands in) change nothing, to the bit.
+    rng = np.random.default_rng(11)
+    sp = sampling.SamplingParams(temperature=0.9, max_new_tokens=7)
+    target = GenerateRequest(
+        "x", rng.integers(0, tiny.cfg.vocab_size, 13).tolist(), sp, (5, 0, 1, 0)
+    )
+    alone, _ = _run(engine, [target])
+    others = [
+        GenerateRequest(
+            f"o{i}", rng.integers(0, tiny.cfg.vocab_size, 9 + i).tolist(), sp, (5, 0, 2 + i, 0)
+        )
+        for i in range(ROWS - 1)
+    ]
+    together, _ = _run(engine, [*others, target])  # admitted in the same step, in the last row
+    assert together["x"].tokens == alone["x"].tokens
+    assert together["x"].logprobs == alone["x"].logprobs

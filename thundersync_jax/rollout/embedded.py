@@ -2,18 +2,19 @@
 
 A fixed number of cache rows (`max_batch`) hold one request each. Every `step`:
 
-1. queued requests are admitted into free rows and prefilled (one jitted call per prompt-length
-   bucket; the other rows are padding and untouched, see `qwen3.KVCache`), which also samples
-   their first token;
+1. queued requests are admitted into free rows and prefilled, which also samples their first
+   token: one jitted call per prompt-length bucket loops over the admitted prompts only, each
+   through the model as a [1, bucket] batch with its own small cache whose keys/values are then
+   written into the request's row (the other rows are untouched and cost nothing);
 2. one decode call feeds every active row its last token and samples the next;
 3. rows whose request hit a stop token, `max_new_tokens` or the end of the row are freed and
    their results returned — other rows keep decoding, and the next step refills the free rows.
 
 Determinism: token t of a request is drawn with `token_key(sequence_key(*key_ids), position)`
 (MODEL's sampling), and each row's arithmetic has the same shapes whatever the other rows hold
-(prefill [R, bucket(prompt)], decode [R, 1]), so a request gives the same tokens alone, mixed into
-any batch, or retried on a restarted engine. Compiles are bounded: one decode program, one
-prefill program per bucket, one score program per (rows, bucket).
+(prefill [1, bucket(prompt)] per request, decode [R, 1]), so a request gives the same tokens
+alone, mixed into any batch, or retried on a restarted engine. Compiles are bounded: one decode
+program, one prefill program per bucket, one score program per (rows, bucket).
 """
 
 from __future__ import annotations
@@ -188,8 +189,8 @@ class EmbeddedEngine:
             by_bucket[bucket_for(self._rows[r].prompt_len, self.buckets)].append(r)
         for bucket, rows in sorted(by_bucket.items()):
             tokens, logprobs = self._prefill(bucket, rows)
-            for r in rows:
-                self._advance(r, int(tokens[r]), float(logprobs[r]), finished)
+            for j, r in enumerate(rows):
+                self._advance(r, int(tokens[j]), float(logprobs[j]), finished)
         active = np.array([row is not None for row in self._rows])
         if active.any():
             self._note_shape(("decode",))
@@ -312,18 +313,35 @@ class EmbeddedEngine:
         return admitted
 
     def _prefill(self, bucket: int, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Prefills the prompts of `rows` (all in `bucket`); first tokens and log-probs, in order.
+
+        The arguments are padded to R prompt slots so there is one program per bucket; the
+        program loops over the `len(rows)` real ones only, so padding costs no model compute.
+        """
+        n = len(rows)
         tokens = np.zeros((self.rows_n, bucket), np.int32)
-        mask = np.zeros((self.rows_n, bucket), bool)
-        for r in rows:
+        lengths = np.ones(self.rows_n, np.int32)
+        dest = np.zeros(self.rows_n, np.int32)
+        dest[:n] = rows
+        for j, r in enumerate(rows):
             prompt = self._rows[r].request.prompt_tokens
-            tokens[r, : len(prompt)] = prompt
-            mask[r, : len(prompt)] = True
-        reset = mask.any(axis=1)
+            tokens[j, : len(prompt)] = prompt
+            lengths[j] = len(prompt)
+        key_data, temperature, top_p = (a[dest] for a in self._sampling_arrays())
         self._note_shape(("prefill", bucket))
         out_tokens, out_logprobs, self._cache = self._prefill_fn(
-            self._params, self._rest, self._cache, tokens, mask, reset, *self._sampling_arrays()
+            self._params,
+            self._rest,
+            self._cache,
+            tokens,
+            lengths,
+            dest,
+            np.int32(n),
+            key_data,
+            temperature,
+            top_p,
         )
-        return np.asarray(out_tokens), np.asarray(out_logprobs)
+        return np.asarray(out_tokens)[:n], np.asarray(out_logprobs)[:n]
 
     def _advance(self, r: int, token: int, logprob: float, finished: list) -> None:
         """Appends row r's new token; frees the row when its request is done."""
@@ -367,18 +385,57 @@ def _sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
 
 
 def _prefill(
-    graphdef, typed_keys, params, rest, cache, tokens, mask, reset, key_data, temperature, top_p
+    graphdef,
+    typed_keys,
+    params,
+    rest,
+    cache,
+    tokens,
+    lengths,
+    dest,
+    count,
+    key_data,
+    temperature,
+    top_p,
 ):
-    """Writes the prompts of the `reset` rows (others untouched), samples their first token."""
-    model = nnx.merge(graphdef, params, rest)
-    cache = qwen3.reset_rows(cache, reset)
-    hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache)  # [R, T, D]
-    last = jnp.maximum(mask.sum(axis=1) - 1, 0)  # prompts are right-padded
-    hidden_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [R, D]
-    tokens_out, logprobs = _sample_at(
-        model, typed_keys, hidden_last, cache, key_data, temperature, top_p
-    )
-    return tokens_out, logprobs, cache
+    """Prefills prompts 0..count-1 of `tokens` [P, T] into cache rows `dest`, samples each one's
+    first token. Other rows of the cache are untouched.
+
+    Each prompt runs alone as a [1, T] batch on a fresh T-slot cache (compute scales with the
+    prompts admitted, not the cache rows, and a prompt's arithmetic never depends on which others
+    were admitted with it); its keys/values then overwrite the first T slots of its row. The loop
+    bound is traced, so prompt slots past `count` are never computed.
+    """
+    t = tokens.shape[1]
+
+    def prefill_one(i, carry):
+        cache, out_tokens, out_logprobs = carry
+        model = nnx.merge(graphdef, params, rest)
+        row_tokens = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=0)  # [1, T]
+        mask = jnp.arange(t)[None, :] < lengths[i]  # prompts are right-padded
+        small = qwen3.init_cache(model.cfg, 1, t, cache.k.dtype)
+        hidden, small = model.hidden_states(row_tokens, attention_mask=mask, cache=small)
+        hidden_last = jax.lax.dynamic_slice_in_dim(hidden[0], lengths[i] - 1, 1, axis=0)  # [1, D]
+        token, logprob = _sample_at(
+            model,
+            typed_keys,
+            hidden_last,
+            small,
+            key_data[i][None],
+            temperature[i][None],
+            top_p[i][None],
+        )
+        at = (0, dest[i], 0, 0, 0)
+        cache = qwen3.KVCache(
+            k=jax.lax.dynamic_update_slice(cache.k, small.k, at),
+            v=jax.lax.dynamic_update_slice(cache.v, small.v, at),
+            lengths=cache.lengths.at[dest[i]].set(small.lengths[0]),
+        )
+        return cache, out_tokens.at[i].set(token[0]), out_logprobs.at[i].set(logprob[0])
+
+    init = (cache, jnp.zeros(tokens.shape[0], jnp.int32), jnp.zeros(tokens.shape[0], jnp.float32))
+    cache, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, prefill_one, init)
+    return out_tokens, out_logprobs, cache
 
 
 def _decode(
