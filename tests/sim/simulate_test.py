@@ -237,9 +237,9 @@ def test_sync_runs_groups_in_fixed_order_not_arrival_order():
     assert [c.ids for c in r.chunks[:2]] == [(0,), (1,)]  # FIFO by group completion
 
 
-def test_group_ties_in_completion_time_go_by_member():
-    # Both groups complete at t = 5; the planner orders by (completion time, member),
-    # so members interleave across the two groups.
+def test_group_ties_in_completion_time_go_by_group():
+    # Both groups complete at t = 5; the planner orders by (completion time, group,
+    # member), so each group is taken whole and no extra group is opened.
     trace = [
         Arrival(0, 0, 0, 1.0, 10, 1.0),
         Arrival(1, 0, 1, 5.0, 10, 0.0),
@@ -247,7 +247,7 @@ def test_group_ties_in_completion_time_go_by_member():
         Arrival(3, 1, 1, 2.0, 10, 0.0),
     ]
     r = sim.simulate(trace, "group", UNIT, max_chunk_tokens=100)
-    assert [c.ids for c in r.chunks[:-2]] == [(0,), (2,), (1,), (3,)]
+    assert [c.ids for c in r.chunks[:-2]] == [(0,), (1,), (2,), (3,)]
     assert [c.start for c in r.chunks[:-2]] == [5.0, 6.0, 7.0, 8.0]
 
 

@@ -120,6 +120,10 @@ class GrpoLearner:
                 self.state = self._add_term(self.state, name, grad, 1)
         self.tokens += n
         self.rewards.extend(float(item.reward) for item in chunk)
+        # JAX dispatches asynchronously: wait here so the learner loop's timings (busy time,
+        # idle fraction, the timeline) measure the work, and the planner's next decision is
+        # taken when the learner is really free, not with an unbounded backlog queued.
+        jax.block_until_ready(self.state)
 
     def close_short_groups(self, groups) -> None:
         """Closes groups that lost members for good, so they fold with the members they have."""

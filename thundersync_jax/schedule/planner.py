@@ -150,7 +150,8 @@ class Planner:
             return (0, float(k), item.member, item.item_id)
         if self.schedule == "group":
             # FIFO by readiness: groups in the order they completed.
-            return (0, self._completed_at[k], item.member, item.item_id)
+            # Groups completing at the same instant are taken one whole group at a time.
+            return (0, self._completed_at[k], float(k), item.member, item.item_id)
         if self.group_complete(k):
             rank = 0
         elif len(self._rewards_seen[k]) > 1:
