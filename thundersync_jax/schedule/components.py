@@ -10,7 +10,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
+
+import jax
 
 from thundersync_jax import metrics
 from thundersync_jax.envs import agent_demos, agent_loop, verify
@@ -18,6 +21,7 @@ from thundersync_jax.envs.agent_samplers import EngineSampler
 from thundersync_jax.envs.swe import factory
 from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.rollout import snapshots
 from thundersync_jax.rollout.manager import EngineManager
 
 log = logging.getLogger(__name__)
@@ -142,8 +146,36 @@ class EngineFleet:
             ),
         )
 
+    def drop_versions_from(self, first_version: int) -> None:
+        """Removes snapshots a previous process of this run published past its last checkpoint.
+
+        A resumed run republishes those versions from the restored state (publishing never
+        overwrites a version), and no engine of the new process reads the old ones.
+        """
+        for version in snapshots.list_versions(self.root):
+            if version >= first_version:
+                shutil.rmtree(snapshots.snapshot_path(self.root, version), ignore_errors=True)
+
     def publish(self, params, version: int) -> str:
         return self.manager.publish(params, int(version), self.root)
 
     def close(self) -> None:
         self.manager.close()
+
+
+def trim_metrics(workdir: str, first_step: int) -> None:
+    """Drops metric lines of steps that a resumed run will redo (no duplicates after a crash)."""
+    path = os.path.join(workdir, metrics.METRICS_FILE)
+    if not os.path.exists(path):
+        return
+    keep = [m for m in metrics.read_metrics(path) if int(m["step"]) < first_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for m in keep:
+            f.write(json.dumps(m) + "\n")
+    os.replace(tmp, path)
+
+
+def tree_bytes(tree) -> int:
+    """Bytes held by the arrays of a pytree (accumulator memory metric)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))

@@ -41,7 +41,7 @@ from thundersync_jax.schedule.config_check import ConfigError, check_config
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.opd_learner import OpdLearner
 from thundersync_jax.schedule.planner import Planner
-from thundersync_jax.schedule.trainer import _tree_bytes, _trim_metrics, export_final
+from thundersync_jax.schedule.trainer import export_final
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def train(config, workdir: str) -> dict:
         state = restored
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
-    _trim_metrics(workdir, first_step)
+    components.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         export_final(graphdef, state.params, workdir)
         ckpt.close()
@@ -179,6 +179,7 @@ def train(config, workdir: str) -> dict:
             limits=agent_loop.LoopLimits.from_config(config.rollout),
             apply_update=make_apply_update(optimizer),
         )
+        fleet.drop_versions_from(first_step)
         fleet.publish(state.params, first_step)
         for step in range(first_step, config.num_steps):
             state, last = _train_step(run, step, state)
@@ -269,7 +270,7 @@ def _train_step(run: _Run, step: int, state) -> tuple[Any, dict]:
         step=step,
         max_policy_lag=0,  # check_version refused any turn of another version
         open_groups_peak=int(planner.open_groups_peak),
-        accum_bytes_peak=int(_tree_bytes(learner.state)),
+        accum_bytes_peak=int(components.tree_bytes(learner.state)),
         reward_mean=float(np.mean(rewards)) if rewards else 0.0,
         tokens=int(learner.tokens),
         compiles=int(chunks.total_compiles() + learner.compiles),

@@ -15,11 +15,9 @@ command resumes from the newest whole checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import queue
-import shutil
 from typing import Any
 
 import jax
@@ -32,7 +30,6 @@ from thundersync_jax.learner import chunks
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3, tokenizer
-from thundersync_jax.rollout import snapshots
 from thundersync_jax.schedule import components as setup
 from thundersync_jax.schedule import lora_policy, regularizers, rollouts
 from thundersync_jax.schedule.config_check import check_config
@@ -46,19 +43,6 @@ log = logging.getLogger(__name__)
 def _max_chunk_tokens(config) -> int:
     # One chunk should fill the largest bucket's worth of rows, not more.
     return int(config.rollout.max_traj_tokens) * max(1, int(config.rl.group_size))
-
-
-def _trim_metrics(workdir: str, first_step: int) -> None:
-    """Drops metric lines of steps that a resumed run will redo (no duplicates after a crash)."""
-    path = os.path.join(workdir, metrics.METRICS_FILE)
-    if not os.path.exists(path):
-        return
-    keep = [m for m in metrics.read_metrics(path) if int(m["step"]) < first_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for m in keep:
-            f.write(json.dumps(m) + "\n")
-    os.replace(tmp, path)
 
 
 def export_final(graphdef, params, workdir: str) -> str:
@@ -116,7 +100,7 @@ def train(config, workdir: str) -> dict:
         state = restored
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
-    _trim_metrics(workdir, first_step)
+    setup.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         path = export_final(graphdef, policy.full_params(state.params), workdir)
         log.info(
@@ -183,7 +167,7 @@ def train(config, workdir: str) -> dict:
     )
     last: dict = {}
     try:
-        _drop_stale_snapshots(fleet.root, first_step)
+        fleet.drop_versions_from(first_step)
         run.publish(state.params, first_step)
         pending = None  # async: the next batch's rollouts, already running
         for step in range(first_step, config.num_steps):
@@ -284,7 +268,7 @@ def _train_step(run: _Run, step: int, state, pending):
         step=step,
         max_policy_lag=int(learner.max_lag),
         open_groups_peak=int(planner.open_groups_peak),
-        accum_bytes_peak=int(_tree_bytes(learner.state)),
+        accum_bytes_peak=int(setup.tree_bytes(learner.state)),
         reward_mean=float(np.mean(rewards)) if rewards else 0.0,
         tokens=int(learner.tokens),
         compiles=int(chunks.total_compiles()) + _regularizer_compiles(learner),
@@ -297,21 +281,6 @@ def _train_step(run: _Run, step: int, state, pending):
     return new_state, nxt, out
 
 
-def _drop_stale_snapshots(root: str, first_step: int) -> None:
-    """Removes snapshots a previous process of this run published past its last checkpoint.
-
-    A resumed run republishes those versions from the restored state, and no engine of the
-    new process reads the old ones.
-    """
-    for version in snapshots.list_versions(root):
-        if version >= first_step:
-            shutil.rmtree(snapshots.snapshot_path(root, version), ignore_errors=True)
-
-
 def _regularizer_compiles(learner: GrpoLearner) -> int:
     fn = learner.regularizer_fn
     return 0 if fn is None else int(fn.compiles)
-
-
-def _tree_bytes(tree) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
