@@ -10,11 +10,9 @@ import queue
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from thundersync_jax import accumulators
 from thundersync_jax.learner import chunks
-from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
@@ -32,18 +30,8 @@ class _Traj:
 
 
 @pytest.fixture(scope="module")
-def setup():
-    cfg = qwen3.Qwen3Config(
-        vocab_size=53,
-        hidden_size=24,
-        intermediate_size=40,
-        num_hidden_layers=1,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    graphdef, params = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+def setup(tiny_policy):
+    cfg, graphdef, params = tiny_policy(0)
     score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0)
     rng = np.random.default_rng(7)
     rewards = [[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.0, 1.0, 0.25]]  # group 1: all tied

@@ -12,13 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from configs.common import get_base_config
 from thundersync_jax import accumulators, losses
 from thundersync_jax.learner import chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
-from thundersync_jax.models import lora, qwen3
+from thundersync_jax.models import lora
 from thundersync_jax.schedule import lora_policy
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.grpo_learner import GrpoLearner
@@ -50,18 +49,8 @@ def _config(**lora_overrides):
 
 
 @pytest.fixture(scope="module")
-def setup():
-    cfg = qwen3.Qwen3Config(
-        vocab_size=53,
-        hidden_size=24,
-        intermediate_size=40,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    graphdef, params = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(1)), nnx.Param)
+def setup(tiny_policy):
+    cfg, graphdef, params = tiny_policy(1, num_hidden_layers=2)
     rng = np.random.default_rng(2)
     rewards = [[1.0, 0.0, 0.5], [0.0, 1.0, 1.0]]
     trajs = {}

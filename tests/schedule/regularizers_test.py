@@ -18,7 +18,6 @@ from flax import nnx
 
 from thundersync_jax import accumulators, losses
 from thundersync_jax.learner import chunks
-from thundersync_jax.models import qwen3
 from thundersync_jax.schedule import regularizers
 from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
@@ -46,18 +45,8 @@ class _Rl:
 
 
 @pytest.fixture(scope="module")
-def setup():
-    cfg = qwen3.Qwen3Config(
-        vocab_size=53,
-        hidden_size=24,
-        intermediate_size=40,
-        num_hidden_layers=1,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=True,
-    )
-    graphdef, params = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+def setup(tiny_policy):
+    cfg, graphdef, params = tiny_policy(0)
     # The reference policy differs from the policy, so every KL term is non-zero.
     noise = jax.random.key(11)
     leaves, treedef = jax.tree.flatten(params)
