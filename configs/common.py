@@ -78,6 +78,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             b1=0.9,
             b2=0.999,
             max_grad_norm=1.0,
+            # An all-zero gradient (every group's rewards equal) skips the step instead of
+            # letting Adam's momentum move the weights with no signal in the batch.
+            skip_zero_grad=True,
         )
     )
     c.rollout = ml_collections.ConfigDict(
@@ -90,6 +93,7 @@ def get_base_config() -> ml_collections.ConfigDict:
             max_turns=8,
             max_new_tokens_per_turn=192,
             max_traj_tokens=2048,
+            max_error_turns=0,  # stop after this many malformed turns in a row; 0 = never
             snapshot_root="/dev/shm/thundersync",
             request_timeout_s=300.0,
         )
@@ -114,6 +118,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
     c.metrics = ml_collections.ConfigDict(dict(timeline_every=5, tensorboard=True))
     c.sft = ml_collections.ConfigDict(
-        dict(steps=200, learning_rate=3e-3, batch_size=8, cache_dir="")  # "" = workdir
+        # cache_dir "" = workdir. decoys: also imitate a failed (no-op edit) attempt per task,
+        # so the warm start keeps a choice at the edit that only the reward can settle.
+        dict(steps=200, learning_rate=3e-3, batch_size=8, cache_dir="", decoys=False)
     )
     return c

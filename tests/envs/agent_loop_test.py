@@ -152,6 +152,43 @@ def test_turn_limit_and_length_cut():
     assert traj.tokens[-1] == im_end and len(traj.tokens) == traj.turns[-1].end + 1
 
 
+def test_error_turn_limit_stops_only_a_run_of_error_turns():
+    tok = tokenizer.ByteTokenizer()
+    # Turns 0-2 hold no well-formed call; turn 3 has one (next to a bad one); turn 4 submits.
+    stopped = agent_loop.run_episode(
+        CounterEnv(5),
+        ScriptedSampler(tok, MALFORMED_POLICY),
+        tok,
+        IDS,
+        LoopLimits(max_turns=8, max_error_turns=3),
+    )
+    assert stopped.stop_reason == "errors" and len(stopped.turns) == 3
+    assert stopped.reward == 0.0  # still verified
+    assert stopped.tokens[-1] == tok.special_ids["<|im_end|>"]  # no tool results after it
+
+    for limit in (0, 4):  # no limit, or one the run never reaches: the episode plays out
+        full = agent_loop.run_episode(
+            CounterEnv(5),
+            ScriptedSampler(tok, MALFORMED_POLICY),
+            tok,
+            IDS,
+            LoopLimits(max_turns=8, max_error_turns=limit),
+        )
+        assert full.stop_reason == "done" and len(full.turns) == 5 and full.reward == 1.0
+    # A well-formed call the environment refuses ("error: ...") is an error turn too.
+    refused = agent_loop.run_episode(
+        CounterEnv(5),
+        ScriptedSampler(tok, [MALFORMED_POLICY[3].split("</tool_call>")[0] + "</tool_call>"] * 3),
+        tok,
+        IDS,
+        LoopLimits(max_turns=3, max_error_turns=1),
+    )
+    assert refused.stop_reason == "errors" and len(refused.turns) == 1
+    assert refused.turns[0].observations[0].startswith(agent_loop.ERROR_PREFIX)
+    with pytest.raises(ValueError, match="max_error_turns"):
+        LoopLimits(max_error_turns=-1)
+
+
 def test_observations_truncated_to_fit_budget():
     tok = tokenizer.ByteTokenizer()
     limits = LoopLimits(max_turns=20, max_new_tokens_per_turn=80, max_traj_tokens=400)

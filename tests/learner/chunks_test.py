@@ -82,6 +82,50 @@ def test_packed_weighted_rows_match_torch_autograd(model_parts, score_grad, tmp_
         )
 
 
+def test_tempered_gradient_matches_torch_and_the_sampler_logprobs(model_parts, tmp_path):
+    """Rollouts at temperature T < 1 stay on-policy: the learner differentiates
+    log_softmax(logits / T), checked against transformers in float64, and its log-probs of
+    sampled tokens are the ones `sampling.sample_token` reports for them."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from thundersync_jax.models import sampling
+
+    graphdef, params = model_parts
+    temperature = 0.6
+    fn = chunks.make_score_grad_fn(graphdef, SEQ_BUCKETS, temperature=temperature)
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, CFG.vocab_size, (2, 11))
+    mask = np.zeros((2, 11), np.float32)
+    mask[:, 3:] = 1
+    h, _ = fn(params, tokens, mask)
+    h_untempered, _ = chunks.make_score_grad_fn(graphdef, SEQ_BUCKETS)(params, tokens, mask)
+
+    qwen3.save_pretrained(nnx.merge(graphdef, params), str(tmp_path))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+    ids = torch.tensor(tokens)
+    logits = ref(ids).logits[:, :-1].double()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    (torch.gather(logp, 2, ids[:, 1:, None])[..., 0] * torch.tensor(mask)[:, 1:]).sum().backward()
+    ours = qwen3.to_hf_state_dict(h, CFG)
+    moved = False
+    for name, param in ref.named_parameters():
+        np.testing.assert_allclose(
+            ours[name], param.grad.numpy(), rtol=2e-3, atol=2e-5, err_msg=name
+        )
+    for a, b in zip(jax.tree.leaves(h), jax.tree.leaves(h_untempered), strict=True):
+        moved |= not np.allclose(np.asarray(a), np.asarray(b), rtol=1e-2, atol=1e-4)
+    assert moved, "the temperature did not change the gradient"
+
+    # The sampler's reported log-prob of a token = the learner's tempered log-prob of it.
+    last = jnp.asarray(logits[:, -1].detach().numpy(), jnp.float32)
+    keys = jax.vmap(lambda i: jax.random.key(i))(jnp.arange(2))
+    toks, tok_logp = sampling.sample_token(last, keys, jnp.full((2,), temperature), jnp.ones((2,)))
+    learner_logp = jax.nn.log_softmax(chunks.tempered(last, temperature), axis=-1)
+    np.testing.assert_allclose(
+        np.asarray(tok_logp), np.asarray(learner_logp)[np.arange(2), np.asarray(toks)], rtol=1e-5
+    )
+
+
 def test_packed_rows_equal_sum_of_single_rows(model_parts, score_grad):
     _, params = model_parts
     rng = np.random.default_rng(2)
@@ -199,3 +243,6 @@ def test_clear_errors(model_parts, score_grad):
         score_grad(params, np.ones((1, 5), np.int32), ok + np.array([0, 0.5, 1, 1, 1]))
     with pytest.raises(ValueError, match="base_params"):
         chunks.make_score_grad_fn(graphdef, SEQ_BUCKETS, lora=True)(params, [[1, 2]], [[0, 1]])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            chunks.make_score_grad_fn(graphdef, SEQ_BUCKETS, temperature=bad)

@@ -52,6 +52,28 @@ def test_nan_gradient_skips_update_but_advances_step():
     assert int(new.step) == 2
 
 
+def test_zero_gradient_skips_update_only_when_asked():
+    """Adam would keep moving on momentum after a zero gradient; skip_zero_grad stops that."""
+    opt = make_optimizer(_optim())
+    state = init_train_state(_params(), opt, seed=0)
+    state, _, _ = make_apply_update(opt)(state, jax.tree.map(jnp.ones_like, _params()))
+    zero = jax.tree.map(jnp.zeros_like, _params())
+
+    moved, applied, norm = make_apply_update(opt)(state, zero)
+    assert bool(applied) and float(norm) == 0.0
+    assert not np.allclose(moved.params["w"], state.params["w"])  # momentum alone moved it
+
+    kept, applied, _ = make_apply_update(opt, skip_zero_grad=True)(state, zero)
+    assert not bool(applied)
+    jax.tree.map(np.testing.assert_array_equal, kept.params, state.params)
+    jax.tree.map(np.testing.assert_array_equal, kept.opt_state, state.opt_state)
+    assert int(kept.step) == 2 and int(kept.data_position) == 2
+
+    tiny = jax.tree.map(lambda x: jnp.full_like(x, 1e-30), _params())
+    _, applied, _ = make_apply_update(opt, skip_zero_grad=True)(state, tiny)
+    assert bool(applied)  # only an exactly-zero gradient is "no signal"
+
+
 def test_invalid_optimizer_is_named():
     with pytest.raises(ValueError, match="optim.name='lion'"):
         make_optimizer(_optim(name="lion"))

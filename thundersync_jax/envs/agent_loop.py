@@ -58,6 +58,9 @@ class Sampler(Protocol):
         ...
 
 
+ERROR_PREFIX = "error:"  # how environments and the call parser mark a failed call's observation
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopLimits:
     """Budgets of one episode.
@@ -69,6 +72,11 @@ class LoopLimits:
       min_turn_tokens: a turn is only started with at least this much room; tool results
         are truncated so that this much stays free for the next turn.
       max_calls_per_turn: tool calls run per turn; more become one error observation.
+      max_error_turns: the episode stops (stop reason "errors") after this many error turns
+        in a row, 0 = never. An error turn is one whose every observation starts with
+        "error:" (no or malformed call, unknown tool, bad arguments, a tool that refused).
+        Like SWE-agent's format-error limit; for a small policy it also keeps a failed
+        episode to the mistake itself instead of the noise a lost policy emits after it.
     """
 
     max_turns: int = 6
@@ -76,10 +84,17 @@ class LoopLimits:
     max_traj_tokens: int = 1536
     min_turn_tokens: int = 8
     max_calls_per_turn: int = 4
+    max_error_turns: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) < 1:
+            if f.name == "max_error_turns":
+                if self.max_error_turns < 0:
+                    raise ValueError(
+                        f"LoopLimits.max_error_turns must be >= 0 (0 = no limit), "
+                        f"got {self.max_error_turns}"
+                    )
+            elif getattr(self, f.name) < 1:
                 raise ValueError(f"LoopLimits.{f.name} must be >= 1, got {getattr(self, f.name)}")
 
     @classmethod
@@ -89,6 +104,7 @@ class LoopLimits:
             max_turns=int(rollout_cfg.max_turns),
             max_new_tokens_per_turn=int(rollout_cfg.max_new_tokens_per_turn),
             max_traj_tokens=int(rollout_cfg.max_traj_tokens),
+            max_error_turns=int(rollout_cfg.get("max_error_turns", 0)),
         )
 
 
@@ -157,7 +173,8 @@ class Trajectory:
         logprobs: float32 [T], the sampling log-probs where loss_mask, else 0.
       prompt_len: tokens before the first turn.
       turns: the turns, in order; turn j's tokens are tokens[turns[j].start:turns[j].end].
-      stop_reason: "done" (a tool ended it), "max_turns", "max_tokens", or "" while running.
+      stop_reason: "done" (a tool ended it), "max_turns", "max_tokens", "errors" (see
+        `LoopLimits.max_error_turns`), or "" while running.
       reward / verifier: from `env.verify()`; None while running.
       start_time / end_time / verify_start / verify_end: `time.monotonic()` stamps.
     """
@@ -402,6 +419,7 @@ def run_episode(
         )
 
     stop_reason = "max_turns"
+    error_run = 0  # consecutive turns without a well-formed call
     for j in range(limits.max_turns):
         # One token stays free for the end-of-turn marker a length-limited turn needs.
         max_new = min(limits.max_new_tokens_per_turn, transcript.room - 1)
@@ -455,6 +473,13 @@ def run_episode(
 
         if done:
             stop_reason = "done"
+            break
+        # An error turn: every observation is an error (unparsable or no call, unknown tool,
+        # bad arguments, a tool that refused, e.g. an edit whose old text is not there).
+        failed = all(o.startswith(ERROR_PREFIX) for o in turn.observations)
+        error_run = error_run + 1 if failed else 0
+        if limits.max_error_turns and error_run >= limits.max_error_turns:
+            stop_reason = "errors"
             break
         if j == limits.max_turns - 1:
             break  # the last turn's results would never be read

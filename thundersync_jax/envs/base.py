@@ -59,7 +59,8 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     def step(self, call: ToolCall) -> StepResult:
-        """Runs one tool call. Bad arguments give an error observation, never an exception."""
+        """Runs one tool call. Bad arguments give an error observation (text starting with
+        "error:", which the agent loop counts as a failed call), never an exception."""
 
     @abc.abstractmethod
     def verify(self) -> VerifierResult:

@@ -1,5 +1,9 @@
 """Jitted score-gradient chunks: h = Σ_b Σ_t w[b,t]·m[b,t]·∇ log π(o[b,t] | o[b,<t]).
 
+π is the distribution the rollout engine samples from: softmax(logits / temperature). A
+rollout temperature below 1 therefore stays on-policy as long as the learner is built with the
+same `temperature` (the trainer passes `config.rollout.temperature`).
+
 One call covers one trajectory, several trajectories of the same (group, reward) slot packed as
 rows, or one turn of a multi-turn trajectory (forward over the whole prefix, `loss_mask` set on
 that turn's tokens only: the OPD per-turn mode; the per-turn gradients sum to the trajectory's).
@@ -44,11 +48,27 @@ def _weighted_logprob_sum(
     tokens: Int[Array, "B T"],
     loss_mask: Float[Array, "B T"],
     token_weights: Float[Array, "B T"],
+    temperature: float = 1.0,
 ) -> Float[Array, ""]:
     """Σ w·m·log π(tokens[:, t] | tokens[:, <t]); position 0 has no context and is never scored."""
-    logits = model(tokens[:, :-1])  # [B, T-1, V]: logits at t-1 predict token t
+    logits = tempered(model(tokens[:, :-1]), temperature)  # [B, T-1, V]: t-1 predicts t
     logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1] float32
     return jnp.sum(logp * (loss_mask[:, 1:] * token_weights[:, 1:]))
+
+
+def tempered(logits: Float[Array, "B T V"], temperature: float) -> Float[Array, "B T V"]:
+    """logits / temperature: the logits of the sampling distribution (1.0 leaves them as is)."""
+    return logits if temperature == 1.0 else logits / jnp.float32(temperature)
+
+
+def check_temperature(temperature: float) -> float:
+    t = float(temperature)
+    if not (t > 0 and np.isfinite(t)):  # also rejects NaN
+        raise ValueError(
+            f"temperature={temperature!r} must be a finite number > 0: the learner scores "
+            "softmax(logits / temperature); greedy (0) sampling has no score gradient"
+        )
+    return t
 
 
 class ScoreGradFn:
@@ -58,6 +78,7 @@ class ScoreGradFn:
       seq_buckets: allowed padded sequence lengths (sorted).
       remat: per-layer rematerialization in the backward pass.
       lora: whether the trainable parameters are LoRA adapters over frozen base params.
+      temperature: the rollout sampling temperature the log-probs are taken at.
       compiles: number of compilations so far (one per distinct padded shape / tree layout).
     """
 
@@ -69,8 +90,10 @@ class ScoreGradFn:
         lora_adapters: bool = False,
         pad_id: int = 0,
         out_shardings: Any = None,
+        temperature: float = 1.0,
     ):
         self.graphdef = graphdef
+        self.temperature = check_temperature(temperature)
         self.seq_buckets = buckets.validate_buckets(seq_buckets)
         self.remat = bool(remat)
         self.lora = bool(lora_adapters)
@@ -97,7 +120,7 @@ class ScoreGradFn:
 
         def objective(trainable):
             model = self._model(trainable, base_params)
-            return _weighted_logprob_sum(model, tokens, loss_mask, token_weights)
+            return _weighted_logprob_sum(model, tokens, loss_mask, token_weights, self.temperature)
 
         grads = jax.grad(objective)(params)
         # Tallies are float32 whatever the param dtype (bf16 grads are upcast once, here).
@@ -139,6 +162,7 @@ def make_score_grad_fn(
     lora: bool = False,
     pad_id: int = 0,
     out_shardings: Any = None,
+    temperature: float = 1.0,
 ) -> ScoreGradFn:
     """Builds the jitted score-gradient function for a model structure (`nnx.split` graphdef).
 
@@ -151,9 +175,11 @@ def make_score_grad_fn(
       pad_id: token id used for padding (never scored).
       out_shardings: optional sharding pytree for h (e.g. the parameter shardings), so the
         gradient lands laid out like the parameters and the accumulator tallies.
+      temperature: the rollout sampling temperature; log π = log_softmax(logits / temperature),
+        so the gradient is the one of the distribution the engine sampled from.
 
     Returns:
       fn(params, tokens, loss_mask, token_weights=None, base_params=None) -> (h, n), with
       `fn.compiles` counting compilations.
     """
-    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings)
+    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature)

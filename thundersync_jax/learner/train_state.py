@@ -61,22 +61,32 @@ def init_train_state(params, optimizer: optax.GradientTransformation, seed: int)
     )
 
 
-def make_apply_update(optimizer: optax.GradientTransformation):
-    """Returns jitted `apply(state, grads) -> (state, finite, grad_norm)`.
+def make_apply_update(optimizer: optax.GradientTransformation, skip_zero_grad: bool = False):
+    """Returns jitted `apply(state, grads) -> (state, applied, grad_norm)`.
 
     A non-finite gradient leaves params and optimizer state untouched (the step
-    is skipped) but still advances `step` and `data_position`, so the run moves
-    on to the next batch and stays deterministic.
+    is skipped, `applied` False) but still advances `step` and `data_position`, so
+    the run moves on to the next batch and stays deterministic.
+
+    With `skip_zero_grad`, an all-zero gradient is skipped the same way. In GRPO it
+    means every group's rewards were equal: the batch carries no learning signal, yet
+    Adam would still move every parameter by its momentum (about lr·sign of the last
+    real gradient, for tens of steps), which wrecks a small, sharp policy.
     """
 
     @jax.jit
     def apply(state: TrainState, grads):
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
+        if skip_zero_grad:  # every element exactly 0 (the norm could underflow to 0 first)
+            nonzero = jnp.any(jnp.stack([jnp.any(g != 0) for g in jax.tree.leaves(grads)]))
+            applied = finite & nonzero
+        else:
+            applied = finite
         safe = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
         updates, new_opt = optimizer.update(safe, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(applied, a, b), new, old)
         return (
             TrainState(
                 step=state.step + 1,
@@ -85,8 +95,16 @@ def make_apply_update(optimizer: optax.GradientTransformation):
                 rng=state.rng,
                 data_position=state.data_position + 1,
             ),
-            finite,
+            applied,
             grad_norm,
         )
 
     return apply
+
+
+def log_skipped_update(log, step: int, grad_norm) -> None:
+    """The log line of a skipped update: a non-finite gradient, or one with nothing in it."""
+    if bool(jnp.isfinite(grad_norm)):
+        log.info("step %d: zero gradient (every group's rewards were equal); update skipped", step)
+    else:
+        log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)

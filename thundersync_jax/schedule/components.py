@@ -76,7 +76,10 @@ def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3:
         )
     limits = agent_loop.LoopLimits.from_config(config.rollout)
     examples = agent_demos.demonstration_examples(
-        [lambda t=t: make_env(config, t, workdir) for t in tasks], tok, limits
+        [lambda t=t: make_env(config, t, workdir) for t in tasks],
+        tok,
+        limits,
+        decoys=bool(config.sft.get("decoys", False)),
     )
     cache = config.sft.cache_dir or workdir  # tests share one warm start across runs
     result = sft.train_sft_from_config(config, examples, cache, name="student")

@@ -65,6 +65,7 @@ def check_config(c) -> None:
     if not 0 < c.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={c.rollout.top_p!r} must be in (0, 1]")
     _positive("rollout.max_turns", c.rollout.max_turns)
+    _positive("rollout.max_error_turns", c.rollout.get("max_error_turns", 0), allow_zero=True)
     _positive("rollout.max_new_tokens_per_turn", c.rollout.max_new_tokens_per_turn)
     _positive("rollout.max_traj_tokens", c.rollout.max_traj_tokens)
     if c.rollout.max_traj_tokens > c.model.max_position_embeddings:

@@ -34,7 +34,12 @@ from thundersync_jax import accumulators, metrics, teacher
 from thundersync_jax.envs import agent_loop
 from thundersync_jax.learner import chunks, sft
 from thundersync_jax.learner.checkpoint import Checkpointer
-from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
+from thundersync_jax.learner.train_state import (
+    init_train_state,
+    log_skipped_update,
+    make_apply_update,
+    make_optimizer,
+)
 from thundersync_jax.models import qwen3, tokenizer
 from thundersync_jax.schedule import components, opd_rollouts, terminal_setup
 from thundersync_jax.schedule.config_check import ConfigError, check_config
@@ -159,6 +164,7 @@ def train(config, workdir: str) -> dict:
         tuple(config.learner.seq_buckets),
         remat=bool(config.model.remat),
         pad_id=tok.pad_id,
+        temperature=float(config.rollout.temperature),  # the student's sampling distribution
     )
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
     progress = metrics.StepProgress(
@@ -177,7 +183,9 @@ def train(config, workdir: str) -> dict:
             teacher=service,
             learner=OpdLearner(accumulators.opd(loss_agg="token-mean"), score_fn, tok.pad_id),
             limits=agent_loop.LoopLimits.from_config(config.rollout),
-            apply_update=make_apply_update(optimizer),
+            apply_update=make_apply_update(
+                optimizer, skip_zero_grad=bool(config.optim.skip_zero_grad)
+            ),
         )
         fleet.drop_versions_from(first_step)
         fleet.publish(state.params, first_step)
@@ -257,10 +265,10 @@ def _train_step(run: _Run, step: int, state) -> tuple[Any, dict]:
 
     with timeline.span(metrics.OPT):
         grads = learner.finalize()
-        new_state, finite, grad_norm = run.apply_update(state, grads)
+        new_state, applied, grad_norm = run.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
-    if not bool(finite):
-        log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
+    if not bool(applied):
+        log_skipped_update(log, step, grad_norm)
     with timeline.span(metrics.PUBLISH):
         run.fleet.publish(new_state.params, int(new_state.step))
 
@@ -275,7 +283,7 @@ def _train_step(run: _Run, step: int, state) -> tuple[Any, dict]:
         tokens=int(learner.tokens),
         compiles=int(chunks.total_compiles() + learner.compiles),
         grad_norm=float(grad_norm),
-        update_skipped=not bool(finite),
+        update_skipped=not bool(applied),
         reverse_kl=float(learner.reverse_kl),
         turns=int(learner.turns),
         rollout_failures=len(stats.failures),

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from thundersync_jax import accumulators, losses
-from thundersync_jax.learner import buckets
+from thundersync_jax.learner import buckets, chunks
 from thundersync_jax.models import lora
 
 KL_ESTIMATORS = {"k1": losses.kl_k1, "k3": losses.kl_k3}
@@ -68,6 +68,8 @@ class RegularizerGradFn:
       seq_buckets: padded sequence lengths (as the score-gradient function's).
       lora_adapters: trainable params are LoRA adapters over `base_params`.
       pad_id: padding token id.
+      temperature: the rollout temperature: both policies are taken as softmax(logits / T),
+        the distributions the tokens were (or would be) sampled from.
 
     Attributes:
       compiles: compilations so far (one per padded shape).
@@ -83,6 +85,7 @@ class RegularizerGradFn:
         seq_buckets: Sequence[int] = (128, 256, 512, 1024, 2048),
         lora_adapters: bool = False,
         pad_id: int = 0,
+        temperature: float = 1.0,
     ):
         unknown = set(terms) - {KL, ENTROPY}
         if unknown or not terms:
@@ -98,11 +101,13 @@ class RegularizerGradFn:
         self.seq_buckets = buckets.validate_buckets(seq_buckets)
         self.lora = bool(lora_adapters)
         self.pad_id = int(pad_id)
+        self.temperature = chunks.check_temperature(temperature)
         self.compiles = 0
         self._jitted = jax.jit(self._grads)
 
     def _logits(self, params, tokens):
-        return nnx.merge(self.graphdef, params)(tokens[:, :-1])  # logits at t-1 predict t
+        logits = nnx.merge(self.graphdef, params)(tokens[:, :-1])  # logits at t-1 predict t
+        return chunks.tempered(logits, self.temperature)
 
     def _grads(self, params, base_params, reference_params, tokens, loss_mask, token_weights):
         self.compiles += 1  # runs once per trace

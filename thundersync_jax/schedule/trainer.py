@@ -28,7 +28,12 @@ from thundersync_jax import accumulators, metrics
 from thundersync_jax.envs import agent_loop
 from thundersync_jax.learner import chunks
 from thundersync_jax.learner.checkpoint import Checkpointer
-from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
+from thundersync_jax.learner.train_state import (
+    init_train_state,
+    log_skipped_update,
+    make_apply_update,
+    make_optimizer,
+)
 from thundersync_jax.models import qwen3, tokenizer
 from thundersync_jax.schedule import components as setup
 from thundersync_jax.schedule import lora_policy, regularizers, rollouts
@@ -129,6 +134,7 @@ def train(config, workdir: str) -> dict:
         remat=bool(config.model.remat),
         lora=policy.is_lora,
         pad_id=tok.pad_id,
+        temperature=float(config.rollout.temperature),  # log-probs of what the engine sampled
     )
     reg_fn = None
     if reg_coefs:
@@ -142,6 +148,7 @@ def train(config, workdir: str) -> dict:
             seq_buckets=tuple(config.learner.seq_buckets),
             lora_adapters=policy.is_lora,
             pad_id=tok.pad_id,
+            temperature=float(config.rollout.temperature),
         )
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
     progress = metrics.StepProgress(
@@ -162,7 +169,7 @@ def train(config, workdir: str) -> dict:
             regularizer_fn=reg_fn,
         ),
         limits=agent_loop.LoopLimits.from_config(config.rollout),
-        apply_update=make_apply_update(optimizer),
+        apply_update=make_apply_update(optimizer, skip_zero_grad=bool(config.optim.skip_zero_grad)),
         policy=policy,
     )
     last: dict = {}
@@ -253,10 +260,10 @@ def _train_step(run: _Run, step: int, state, pending):
     with timeline.span(metrics.OPT):
         learner.close_short_groups(stats.failed_groups)
         grads = learner.finalize()
-        new_state, finite, grad_norm = run.apply_update(state, grads)
+        new_state, applied, grad_norm = run.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
-    if not bool(finite):
-        log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
+    if not bool(applied):
+        log_skipped_update(log, step, grad_norm)
     for failure in learner.verifier_failures:
         log.warning("step %d: verifier failed for %s", step, failure)
     with timeline.span(metrics.PUBLISH):
@@ -273,7 +280,7 @@ def _train_step(run: _Run, step: int, state, pending):
         tokens=int(learner.tokens),
         compiles=int(chunks.total_compiles()) + _regularizer_compiles(learner),
         grad_norm=float(grad_norm),
-        update_skipped=not bool(finite),
+        update_skipped=not bool(applied),
         rollout_failures=len(stats.failures),
         verifier_failures=setup.verifier_failure_count(),
     )

@@ -23,6 +23,13 @@ class CostModel:
     the bucket of the longest, so `chunk_cost(lengths)` charges
     per_token_s · rows_pad · padded(max(lengths)).
 
+    `shape_s` holds measured seconds per padded (rows, length) shape; a chunk of a
+    measured shape costs its measurement instead of the affine formula. On XLA CPU
+    a score-gradient chunk is superlinear in its length (attention), so one line
+    through 64-, 128- and 256-token chunks misprices each of them by tens of
+    percent; the learner only ever runs the bucket shapes, and a calibration can
+    time every one of them.
+
     Attributes:
       fixed_s: per-chunk overhead (dispatch, host-device transfer, accumulate).
       per_token_s: seconds per padded token (forward + backward).
@@ -30,6 +37,7 @@ class CostModel:
       pub_s: publishing the new weights to the rollout side.
       buckets: ascending padded token counts; () for no padding.
       row_padding: cost packed chunks as padded [rows, length] blocks (see above).
+      shape_s: ((rows, length, seconds), ...) measured per padded shape (row_padding only).
     """
 
     fixed_s: float
@@ -38,6 +46,7 @@ class CostModel:
     pub_s: float = 0.0
     buckets: tuple[int, ...] = ()
     row_padding: bool = False
+    shape_s: tuple[tuple[int, int, float], ...] = ()
 
     def __post_init__(self):
         for name in ("fixed_s", "per_token_s", "opt_s", "pub_s"):
@@ -50,6 +59,19 @@ class CostModel:
                 f"CostModel.buckets={self.buckets} must be strictly ascending and >= 1"
             )
         object.__setattr__(self, "buckets", b)
+        shapes = tuple((int(r), int(n), float(t)) for r, n, t in self.shape_s)
+        for r, n, t in shapes:
+            if r < 1 or n < 1 or not (math.isfinite(t) and t >= 0):
+                raise ValueError(
+                    f"CostModel.shape_s entry {(r, n, t)}: need rows, length >= 1 "
+                    "and finite seconds >= 0"
+                )
+        if shapes and not self.row_padding:
+            raise ValueError(
+                "CostModel.shape_s prices padded [rows, length] chunks: it needs row_padding=True"
+            )
+        object.__setattr__(self, "shape_s", shapes)
+        object.__setattr__(self, "_by_shape", {(r, n): t for r, n, t in shapes})
 
     def padded(self, tokens: int) -> int:
         """The token count the learner actually runs for a chunk of `tokens` tokens."""
@@ -78,7 +100,16 @@ class CostModel:
 
     def chunk_cost(self, lengths: Sequence[int]) -> float:
         """Seconds of learner work for one chunk of trajectories with these token counts."""
+        if self.shape_s:
+            rows = 1 << (len(lengths) - 1).bit_length()
+            measured = self._by_shape.get((rows, self.padded(int(max(lengths)))))
+            if measured is not None:
+                return measured
         return self.fixed_s + self.per_token_s * self.padded_area(lengths)
+
+    def affine(self) -> CostModel:
+        """The same model without the per-shape measurements (the plain fixed + per-token line)."""
+        return dataclasses.replace(self, shape_s=())
 
     @classmethod
     def fit(

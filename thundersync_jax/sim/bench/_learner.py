@@ -9,6 +9,7 @@ arrival up to then (what the simulator assumes).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -136,7 +137,8 @@ class BenchLearner:
         repetitions cannot. The fit uses each padded size's interquartile mean
         time: the step time is a sum of chunk times, so a mean predicts it, but one
         stall of the shared machine must not set the cost of a whole shape. opt_s
-        is the median of `reps` finalize + optimizer steps.
+        is the median of `reps` finalize + optimizer steps. The returned model prices each
+        timed shape by its interquartile mean (`CostModel.shape_s`); the line is the fallback.
 
         Returns the model and one row per padded size: rows, length, samples, seconds.
         """
@@ -176,7 +178,10 @@ class BenchLearner:
             buckets=self.seq_buckets,
             row_padding=True,
         )
-        return cost, table
+        # Every shape the batch can produce was timed: price chunks by those measurements
+        # (`cost.affine()` is the plain line, reported alongside).
+        shapes = tuple((row["rows"], row["length"], row["seconds"]) for row in table)
+        return dataclasses.replace(cost, shape_s=shapes), table
 
 
 def learner_from_config(config: ml_collections.ConfigDict) -> BenchLearner:

@@ -103,6 +103,7 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     at_start = {s: sim.simulate(trace, s, cost, mct) for s in [*schedules, "async"]}
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
     predicted: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
+    predicted_affine: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
     grad_diffs = []
     for r in range(int(config.warmup) + int(config.rounds)):
         round_cost, _ = calibrate(1)
@@ -116,6 +117,7 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
             if r >= config.warmup:
                 measured[s].append(res)
                 predicted[s].append(sim.simulate(trace, s, round_cost, mct))
+                predicted_affine[s].append(sim.simulate(trace, s, round_cost.affine(), mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
     out = {
@@ -135,6 +137,9 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
             "step_time_s": statistics.median(x.step_time_s for x in rs),
             "predicted_step_time_s": statistics.median(p.step_time_s for p in ps),
             "predicted_at_start_step_time_s": at_start[s].step_time_s,
+            "predicted_affine_step_time_s": statistics.median(
+                p.step_time_s for p in predicted_affine[s]
+            ),
             "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
             "predicted_learner_idle_frac": statistics.median(p.learner_idle_frac for p in ps),
             "tail_s": statistics.median(x.tail_s for x in rs),
@@ -150,6 +155,7 @@ def _cost_dict(cost: CostModel) -> dict:
         "fixed_s": cost.fixed_s,
         "per_token_s": cost.per_token_s,
         "opt_s": cost.opt_s,
+        "shape_s": [list(x) for x in cost.shape_s],
         "buckets": list(cost.buckets),
         "row_padding": cost.row_padding,
     }
@@ -160,6 +166,7 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
         "step_time_s",
         "predicted_step_time_s",
         "predicted_at_start_step_time_s",
+        "predicted_affine_step_time_s",
         "learner_idle_frac",
         "predicted_learner_idle_frac",
         "tail_s",
@@ -169,6 +176,9 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
     for s in schedules:
         row = {k: float(np.mean([p["schedules"][s][k] for p in per_seed])) for k in keys}
         row["predicted_error"] = row["step_time_s"] / row["predicted_step_time_s"] - 1.0
+        row["predicted_affine_error"] = (
+            row["step_time_s"] / row["predicted_affine_step_time_s"] - 1.0
+        )
         out[s] = row
     if "sync" in out:
         for row in out.values():
@@ -220,13 +230,14 @@ def run_benchmark(
 def format_table(result: dict) -> str:
     """A plain-text summary of bench.json's schedules."""
     lines = [
-        f"{'schedule':8s} {'step_s':>8s} {'pred_s':>8s} {'err':>7s} {'speedup':>8s} "
-        f"{'pred_x':>7s} {'idle':>6s} {'tail_s':>7s}"
+        f"{'schedule':8s} {'step_s':>8s} {'pred_s':>8s} {'err':>7s} {'err_lin':>7s} "
+        f"{'speedup':>8s} {'pred_x':>7s} {'idle':>6s} {'tail_s':>7s}"
     ]
     for s, row in result["schedules"].items():
         lines.append(
             f"{s:8s} {row['step_time_s']:8.3f} {row['predicted_step_time_s']:8.3f} "
-            f"{100 * row['predicted_error']:+6.1f}% {row.get('speedup_vs_sync', 1.0):8.2f} "
+            f"{100 * row['predicted_error']:+6.1f}% {100 * row['predicted_affine_error']:+6.1f}% "
+            f"{row.get('speedup_vs_sync', 1.0):8.2f} "
             f"{row.get('predicted_speedup_vs_sync', 1.0):7.2f} {row['learner_idle_frac']:6.3f} "
             f"{row['tail_s']:7.3f}"
         )
