@@ -10,12 +10,15 @@ only while the tool outputs are byte-identical), then GRPO steps with the
 embedded engine in its own process, bubblewrap-sandboxed tool calls and pytest
 verifiers; the final policy is exported to runs/cpu/final/.
 
-STATUS (TUNE, 2026-11-30): NOT yet validated against the headline target (mean
-reward +0.2 between the first and last five steps within 15 min). Measured on
-a heavily shared machine, with a 160-step warm start trained on an earlier
-render of the tool outputs: 0/16 episodes solved at temperature 1 (0/16 at 0.7
-and 0.5), so GRPO got no signal; one step cost ~640 s wall there (engine ~4
-CPU-min). See the TUNE report for the diagnosis.
+STATUS (session 2, 2026-11-30): the headline target (mean reward +0.2 between the
+first and last five steps within 15 min) is NOT met yet. Measured on an idle machine:
+the 160-step warm start solves 1.6% of episodes at temperature 1, 34% at 0.6, 53% at
+0.3; one GRPO step moves the policy off a knife edge (offline, along the batch gradient:
+successful trajectories gain +0.48 nats at an L2 step of 0.02 but everything collapses at
+0.05-0.15; Adam's first step is ~lr*sign(g) on every weight, which at lr >= 1e-4 already
+destroys the format). Levers now in the code, not yet tuned together: rollout.temperature
+< 1 (the learner scores the same tempered policy), optim.skip_zero_grad,
+rollout.max_error_turns, sft.decoys, optim.name=sgd with small steps.
 
 Variants (`--config=configs/cpu.py:VARIANT`):
   smoke   one small step in under 30 s (2 groups x 2 members, short warm start)
