@@ -69,7 +69,9 @@ def test_sweep_table_formats_points():
         "stream": (1.9, 0.0),
     }.items():
         point[f"{s}_error"] = err
+        point[f"{s}_affine_error"] = 3 * err
         point[f"{s}_speedup"] = point[f"{s}_predicted_speedup"] = speedup
     table = bench.sweep_table([point], "python -m x")
     assert "| 1 | 1.5 | 0.3 | 1.90 / 1.90 | 1.70 / 1.70 | +1.0% / -2.0% / +0.0% | 0.020 |" in table
-    assert "Largest |predicted − measured| / predicted step time: 2.0%." in table
+    assert "mean 1.0%, largest 2.0% (per-shape cost table)" in table
+    assert "fixed + per-token line: mean 3.0%, largest 6.0%." in table
