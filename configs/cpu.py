@@ -4,21 +4,25 @@ Command (what `make run` does):
 
     python -m experiments.swe_grpo --config=configs/cpu.py --workdir=runs/cpu
 
-What to expect: a supervised warm start on the scripted demonstrations of the
-8 training tasks (160 full-batch steps, ~1.2 CPU-s each; cached in the workdir
-only while the tool outputs are byte-identical), then GRPO steps with the
-embedded engine in its own process, bubblewrap-sandboxed tool calls and pytest
-verifiers; the final policy is exported to runs/cpu/final/.
+What to expect (~10 min on 2 idle cores): a supervised warm start on scripted
+demonstrations of the 4 training tasks, each shown twice: once fixed, once with a
+no-op edit that leaves the tests failing (`sft.decoys`; 200 full-batch steps,
+~1.2 CPU-s each, cached in the workdir while the tool outputs are byte-identical).
+The warm-started policy is well-formed at temperature 0.5 and guesses between the
+fix and the no-op (reward ~0.3-0.45). Then 31 GRPO steps (4 tasks x 4 samples) with
+the embedded engine in its own process, bubblewrap-sandboxed tool calls and pytest
+verifiers; only the reward can tell the fix from the no-op, and the mean reward
+rises to ~0.8-0.9. The final policy is exported to runs/cpu/final/.
 
-STATUS (session 2, 2026-11-30): the headline target (mean reward +0.2 between the
-first and last five steps within 15 min) is NOT met yet. Measured on an idle machine:
-the 160-step warm start solves 1.6% of episodes at temperature 1, 34% at 0.6, 53% at
-0.3; one GRPO step moves the policy off a knife edge (offline, along the batch gradient:
-successful trajectories gain +0.48 nats at an L2 step of 0.02 but everything collapses at
-0.05-0.15; Adam's first step is ~lr*sign(g) on every weight, which at lr >= 1e-4 already
-destroys the format). Levers now in the code, not yet tuned together: rollout.temperature
-< 1 (the learner scores the same tempered policy), optim.skip_zero_grad,
-rollout.max_error_turns, sft.decoys, optim.name=sgd with small steps.
+Why these values (measured, see BENCHMARKS.md "It learns"): the tiny byte-level
+policy sits on a knife edge. Along one batch's gradient, an L2 step of 0.02 raises
+the fix-vs-no-op margin by several nats while the rest of the transcript holds;
+0.05 already costs the successful transcripts 4 nats, 0.1 destroys them. Adam's
+first step moves every weight by ~lr (far past that edge at any useful lr), so the
+optimizer is SGD with lr 0.02 and the gradient clipped to norm 0.5 (steps <= 0.01),
+ramped in over the first 10 updates. Temperature 0.5 keeps the transcripts well-formed (the
+learner scores the same tempered distribution), and an episode ends at its first
+all-error turn (a refused no-op edit), which keeps failed episodes short.
 
 Variants (`--config=configs/cpu.py:VARIANT`):
   smoke   one small step in under 30 s (2 groups x 2 members, short warm start)
@@ -31,18 +35,21 @@ from configs.common import get_base_config
 
 def get_config(arg: str | None = None):
     c = get_base_config()
-    # Group k of step n uses task (4n + k) mod 8: an odd step count makes the first five and
-    # the last five steps see exactly the same tasks, so the reward comparison is fair.
+    # 4 tasks and 4 groups per step: every step samples every task once (group k = task k),
+    # so the first and the last five steps' rewards are over the same tasks.
     c.num_steps = 31
     c.schedule = "stream"
     c.rl.num_groups = 4
     c.rl.group_size = 4
-    # A tiny model after a partial warm start: a larger step than the base default so the
-    # reward moves within ~30 updates (Adam bounds each parameter's move by ~lr per step).
-    c.optim.learning_rate = 1e-3
+    c.optim.name = "sgd"
+    c.optim.learning_rate = 0.02
+    c.optim.max_grad_norm = 0.5
+    c.optim.warmup_steps = 10
     c.env.family = "mini_swe"
     c.env.difficulty = "easy"
-    c.env.num_tasks = 8
+    c.env.num_tasks = 4
+    c.rollout.temperature = 0.5
+    c.rollout.max_error_turns = 1
     # Demonstrations take 5 turns and <= ~1000 tokens; an edit call needs <= ~160 tokens.
     c.rollout.max_turns = 6
     c.rollout.max_new_tokens_per_turn = 192
@@ -52,11 +59,11 @@ def get_config(arg: str | None = None):
     c.rollout.request_timeout_s = 900.0
     # Two sequence buckets = few compilations (every trajectory is 0.5-1.5k tokens).
     c.learner.seq_buckets = (1024, 1536)
-    # Warm start: 8 demonstrations, full-batch; stopped early on purpose so the policy
-    # solves some tasks some of the time and GRPO has groups with mixed rewards.
-    c.sft.steps = 160
+    # Warm start: each task's demonstration and its decoy (8 transcripts), full-batch.
+    c.sft.steps = 200
     c.sft.learning_rate = 3e-3
     c.sft.batch_size = 8
+    c.sft.decoys = True
     c.checkpoint.every = 5
     if arg == "smoke":
         c.num_steps = 1

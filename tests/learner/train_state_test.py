@@ -109,3 +109,18 @@ def test_corrupt_checkpoint_fails_clearly(tmp_path):
             f.write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match="could not be restored"):
         Checkpointer(str(tmp_path)).restore_latest(state)
+
+
+def test_warmup_ramps_the_learning_rate_over_applied_updates():
+    """SGD with warmup_steps=3: steps of lr/3, 2lr/3, lr, lr; a skipped step does not count."""
+    opt = make_optimizer(_optim(name="sgd", learning_rate=0.3, max_grad_norm=0.0, warmup_steps=3))
+    apply = make_apply_update(opt, skip_zero_grad=True)
+    state = init_train_state({"w": jnp.zeros(())}, opt, seed=0)
+    moves = []
+    for g in (1.0, 0.0, 1.0, 1.0, 1.0):
+        before = float(state.params["w"])
+        state, _, _ = apply(state, {"w": jnp.asarray(g)})
+        moves.append(before - float(state.params["w"]))
+    np.testing.assert_allclose(moves, [0.1, 0.0, 0.2, 0.3, 0.3], rtol=1e-6)
+    with pytest.raises(ValueError, match="warmup_steps=-1"):
+        make_optimizer(_optim(warmup_steps=-1))

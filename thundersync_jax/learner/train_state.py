@@ -40,15 +40,31 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
         raise ValueError(f"optim.name={name!r}; valid: {', '.join(OPTIMIZERS)}")
     if not cfg.learning_rate > 0:
         raise ValueError(f"optim.learning_rate={cfg.learning_rate} must be > 0")
+    lr = learning_rate_schedule(cfg.learning_rate, cfg.get("warmup_steps", 0))
     if name == "adamw":
-        opt = optax.adamw(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     elif name == "adam":
-        opt = optax.adam(cfg.learning_rate, b1=cfg.b1, b2=cfg.b2)
+        opt = optax.adam(lr, b1=cfg.b1, b2=cfg.b2)
     else:
-        opt = optax.sgd(cfg.learning_rate)
+        opt = optax.sgd(lr)
     if cfg.max_grad_norm and cfg.max_grad_norm > 0:
         opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
     return opt
+
+
+def learning_rate_schedule(peak: float, warmup_steps: int):
+    """`peak`, or a linear ramp peak/w, 2·peak/w, …, peak over the first w applied updates.
+
+    A freshly warm-started policy sits on a sharp optimum: full-size steps before the
+    first few batches have been seen can knock it off (see configs/cpu.py). The count is
+    the optimizer's own, so a skipped (non-finite or all-zero) step does not advance it.
+    """
+    warmup_steps = int(warmup_steps)
+    if warmup_steps < 0:
+        raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0")
+    if warmup_steps == 0:
+        return peak
+    return optax.linear_schedule(peak / warmup_steps, peak, transition_steps=warmup_steps - 1)
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:

@@ -89,20 +89,26 @@ class CostModel:
         """Seconds of learner work for one chunk of `tokens` (unpadded) tokens as one row."""
         return self.fixed_s + self.per_token_s * self.padded(tokens)
 
+    def padded_shape(self, lengths: Sequence[int]) -> tuple[int, int]:
+        """(rows, length) of the block a row-padded chunk of these trajectories runs as."""
+        if not lengths:
+            raise ValueError("a chunk needs at least one trajectory")
+        rows = 1 << (len(lengths) - 1).bit_length()  # as learner.buckets.bucket_rows
+        return rows, self.padded(int(max(lengths)))
+
     def padded_area(self, lengths: Sequence[int]) -> int:
         """Tokens the learner runs for a chunk whose trajectories have these lengths."""
         if not lengths:
             raise ValueError("a chunk needs at least one trajectory")
         if not self.row_padding:
             return self.padded(int(sum(lengths)))
-        rows = 1 << (len(lengths) - 1).bit_length()  # as learner.buckets.bucket_rows
-        return rows * self.padded(int(max(lengths)))
+        rows, length = self.padded_shape(lengths)
+        return rows * length
 
     def chunk_cost(self, lengths: Sequence[int]) -> float:
         """Seconds of learner work for one chunk of trajectories with these token counts."""
         if self.shape_s:
-            rows = 1 << (len(lengths) - 1).bit_length()
-            measured = self._by_shape.get((rows, self.padded(int(max(lengths)))))
+            measured = self._by_shape.get(self.padded_shape(lengths))
             if measured is not None:
                 return measured
         return self.fixed_s + self.per_token_s * self.padded_area(lengths)

@@ -1,0 +1,116 @@
+r"""Success rate of a saved policy on a run's tasks: the warm start vs the trained policy.
+
+    python -m experiments.eval_policy --config=configs/cpu.py --workdir=runs/cpu \
+        --policy=runs/cpu/final [--samples=8] [--temperature=0.5] [--out=FILE.json]
+
+`--policy` is an HF directory (config.json + model.safetensors): `DIR/final/` of a run,
+or its warm start `DIR/sft/student-*/`. Every task of the config's pool is played
+`--samples` times in the real sandbox with the config's loop limits and its rollout
+temperature (unless `--temperature` is given), with the embedded sampler in this
+process, and scored by the verifier. Prints the success rate per task and overall
+and a few failed transcripts' last turns; `--out` also writes them as JSON. Sampling
+keys are fixed by `--seed`, so evaluating two policies compares them on equal terms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from thundersync_jax.envs import agent_loop, agent_samplers
+from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.models import tokenizer as tokenizers
+from thundersync_jax.schedule import components
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/eval", "Where the task pool is materialized.")
+_POLICY = flags.DEFINE_string("policy", None, "HF directory of the policy to evaluate.")
+_SAMPLES = flags.DEFINE_integer("samples", 8, "Episodes per task.")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Default: config.rollout.temperature.")
+_SEED = flags.DEFINE_integer("seed", 1234, "Sampling seed (the step id of the episodes).")
+_SHOW = flags.DEFINE_integer("show_failures", 3, "Failed transcripts to print (last turn).")
+_OUT = flags.DEFINE_string("out", "", "Optional JSON file for the per-task results.")
+
+
+def evaluate(config, workdir: str, policy_dir: str, samples: int, temperature: float, seed: int):
+    """Plays every task `samples` times; returns (rewards [tasks, samples], trajectories)."""
+    if samples < 1:
+        raise ValueError(f"--samples={samples} must be >= 1")
+    if not os.path.isfile(os.path.join(policy_dir, "model.safetensors")):
+        raise FileNotFoundError(
+            f"--policy={policy_dir!r} holds no model.safetensors; pass a run's DIR/final or "
+            "DIR/sft/student-*"
+        )
+    tasks = components.build_tasks(config, workdir)
+    tok = tokenizers.from_config(config)
+    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    model = qwen3.from_pretrained(policy_dir)
+    params = sampling.SamplingParams(
+        temperature=temperature,
+        max_new_tokens=config.rollout.max_new_tokens_per_turn,
+        stop_token_ids=tuple(tok.stop_ids),
+    )
+    episodes = [
+        agent_loop.Episode(
+            lambda t=task: components.make_env(config, t, workdir),
+            agent_loop.EpisodeIds(seed, 0, i, m),
+        )
+        for i, task in enumerate(tasks)
+        for m in range(samples)
+    ]
+    rewards = np.zeros((len(tasks), samples))
+    with agent_samplers.GenerateSampler(
+        model, params, tok.pad_id, max_batch=int(config.rollout.max_batch)
+    ) as sampler:
+        trajs = list(
+            agent_loop.run_episodes(
+                episodes, sampler, tok, limits, max_concurrency=int(config.rollout.max_batch)
+            )
+        )
+    for tr in trajs:
+        rewards[tr.ids.prompt, tr.ids.member] = tr.reward
+    return rewards, trajs, tok
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    temperature = (
+        float(config.rollout.temperature) if _TEMPERATURE.value is None else _TEMPERATURE.value
+    )
+    rewards, trajs, tok = evaluate(
+        config, _WORKDIR.value, _POLICY.value, _SAMPLES.value, temperature, _SEED.value
+    )
+    per_task = rewards.mean(axis=1)
+    print(f"policy {_POLICY.value} at temperature {temperature:g}, {_SAMPLES.value} samples/task")
+    for i, p in enumerate(per_task):
+        print(f"  task {i}: {p:.3f}")
+    print(f"mean reward {rewards.mean():.3f} over {rewards.size} episodes")
+    failed = [t for t in trajs if t.reward < 1.0][: _SHOW.value]
+    for tr in failed:
+        last = tr.turns[-1] if tr.turns else None
+        text = tok.decode(list(tr.tokens[last.start : last.end])) if last else ""
+        print(f"-- failed: task {tr.ids.prompt} ({tr.stop_reason}): ...{text[-200:]!r}")
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
+            json.dump(
+                {
+                    "policy": _POLICY.value,
+                    "temperature": temperature,
+                    "samples": _SAMPLES.value,
+                    "seed": _SEED.value,
+                    "per_task": per_task.tolist(),
+                    "mean": float(rewards.mean()),
+                },
+                f,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "policy"])
+    app.run(main)
