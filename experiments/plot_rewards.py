@@ -20,6 +20,7 @@ from absl import app, flags  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/cpu", "Run directory holding metrics.jsonl.")
 _OUT = flags.DEFINE_string("out", "docs/cpu_reward_curve.png", "Where to write the PNG.")
+_TITLE = flags.DEFINE_string("title", "", "Plot title (default: GRPO reward (WORKDIR)).")
 _WINDOW = flags.DEFINE_integer("window", 5, "Steps in the first/last and trailing means.")
 
 
@@ -88,7 +89,8 @@ def main(argv):
     del argv
     steps, rewards = read_rewards(os.path.join(_WORKDIR.value, "metrics.jsonl"))
     first, last = first_last_means(rewards, _WINDOW.value)
-    plot(steps, rewards, _WINDOW.value, _OUT.value, f"GRPO reward ({_WORKDIR.value})")
+    title = _TITLE.value or f"GRPO reward ({_WORKDIR.value})"
+    plot(steps, rewards, _WINDOW.value, _OUT.value, title)
     print(
         f"steps={len(steps)} first{_WINDOW.value}={first:.3f} last{_WINDOW.value}={last:.3f} "
         f"delta={last - first:+.3f} -> {_OUT.value}"

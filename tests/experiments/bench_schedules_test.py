@@ -43,6 +43,9 @@ def test_tiny_benchmark_writes_bench_json(tmp_path, learner):
     assert seed["num_trajectories"] == config.num_groups * config.group_size
     # Every schedule computed the same update (float32 summation order only).
     assert seed["max_grad_rel_diff"] < 1e-4
+    rounds = config.warmup + config.rounds
+    assert len(seed["rounds_calibrated_work_s"]) == rounds and result["calibration_spread"] >= 0
+    assert "machine noise" in bench.format_table(result)
     # The sync step includes the whole rollout span: nothing can start before it ends.
     assert result["schedules"]["sync"]["step_time_s"] >= seed["rollout_span_s"]
 
@@ -75,3 +78,13 @@ def test_sweep_table_formats_points():
     assert "| 1 | 1.5 | 0.3 | 1.90 / 1.90 | 1.70 / 1.70 | +1.0% / -2.0% / +0.0% | 0.020 |" in table
     assert "mean 1.0%, largest 2.0% (per-shape cost table)" in table
     assert "fixed + per-token line: mean 3.0%, largest 6.0%." in table
+
+
+def test_stall_free_mean_keeps_the_slow_side_but_not_stalls():
+    from thundersync_jax.sim.bench._learner import stall_free_mean
+
+    # 1.9 (slow, kept) moves the mean, unlike an interquartile mean; 40 (a stall) is dropped.
+    assert stall_free_mean([1.0, 1.0, 1.0, 1.9, 40.0]) == pytest.approx(4.9 / 4)
+    assert stall_free_mean([2.0]) == 2.0
+    with pytest.raises(ValueError, match="no timing samples"):
+        stall_free_mean([])

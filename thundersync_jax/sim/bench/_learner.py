@@ -31,11 +31,24 @@ from thundersync_jax.sim.bench._workload import ReplayTrajectory
 PAD_ID = 0
 
 
-def interquartile_mean(samples: Sequence[float]) -> float:
-    """Mean of the middle half (all samples when fewer than four)."""
-    ordered = sorted(samples)
-    k = len(ordered) // 4
-    return statistics.fmean(ordered[k : len(ordered) - k])
+STALL_FACTOR = 4.0  # a sample above this many medians is a stall, not the shape's cost
+
+
+def stall_free_mean(samples: Sequence[float]) -> float:
+    """Mean of the samples at most STALL_FACTOR × their median.
+
+    The step time is a sum of chunk times, so the mean is what predicts it: a
+    trimmed statistic (median, interquartile mean) drops the slow side of a
+    right-skewed distribution and under-prices every chunk, which shows most in
+    `sync`, where no idle time absorbs a slow chunk (measured: +10% error with the
+    interquartile mean). Only gross stalls (a rare pause of tens of milliseconds on a
+    few-millisecond chunk) are left out: one of them would move a 20-sample mean by
+    more than the whole effect being measured.
+    """
+    if not samples:
+        raise ValueError("no timing samples")
+    cut = STALL_FACTOR * statistics.median(samples)
+    return statistics.fmean(x for x in samples if x <= cut)
 
 
 class BenchLearner:
@@ -134,11 +147,11 @@ class BenchLearner:
         times timed, on the accumulator the batch uses. Then the `workload` chunks
         (e.g. one batch's chunks in sync order) run once each, timed: on a shared
         machine tens of samples per shape average out load spikes that a few
-        repetitions cannot. The fit uses each padded size's interquartile mean
-        time: the step time is a sum of chunk times, so a mean predicts it, but one
-        stall of the shared machine must not set the cost of a whole shape. opt_s
+        repetitions cannot. The fit uses each padded size's mean time without
+        gross stalls (`stall_free_mean`): the step time is a sum of chunk times, so a
+        mean predicts it, but one stall must not set the cost of a whole shape. opt_s
         is the median of `reps` finalize + optimizer steps. The returned model prices each
-        timed shape by its interquartile mean (`CostModel.shape_s`); the line is the fallback.
+        timed shape by that mean (`CostModel.shape_s`); the line is the fallback.
 
         Returns the model and one row per padded size: rows, length, samples, seconds.
         """
@@ -169,7 +182,7 @@ class BenchLearner:
             self.finish(advance=False)
             opt.append(time.perf_counter() - start)
         table = [
-            {"rows": r, "length": n, "samples": len(ts), "seconds": interquartile_mean(ts)}
+            {"rows": r, "length": n, "samples": len(ts), "seconds": stall_free_mean(ts)}
             for (r, n), ts in sorted(samples.items())
         ]
         cost = CostModel.fit(

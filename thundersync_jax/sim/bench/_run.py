@@ -104,9 +104,12 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
     predicted: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
     predicted_affine: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
-    grad_diffs = []
+    grad_diffs, round_work = [], []
     for r in range(int(config.warmup) + int(config.rounds)):
         round_cost, _ = calibrate(1)
+        # The same batch's work, priced by each round's calibration: its spread over rounds
+        # is how much the machine's own speed moves, a floor under any prediction error.
+        round_work.append(sim.simulate(trace, "sync", round_cost, mct).learner_work_s)
         order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
         grads = {}
         for i, s in enumerate(order):
@@ -126,6 +129,8 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
+        "rounds_calibrated_work_s": round_work,
+        "calibration_spread": (max(round_work) - min(round_work)) / statistics.median(round_work),
         "cost_model": _cost_dict(cost),
         "calibration": table,
         "schedules": {},
@@ -217,6 +222,7 @@ def run_benchmark(
         "predicted_async_step_time_s": float(
             np.mean([p["predicted_async_step_time_s"] for p in per_seed])
         ),
+        "calibration_spread": float(np.mean([p["calibration_spread"] for p in per_seed])),
         "per_seed": dict(zip((str(s) for s in config.seeds), per_seed, strict=True)),
         "config": config.to_dict(),
     }
@@ -240,5 +246,10 @@ def format_table(result: dict) -> str:
             f"{row.get('speedup_vs_sync', 1.0):8.2f} "
             f"{row.get('predicted_speedup_vs_sync', 1.0):7.2f} {row['learner_idle_frac']:6.3f} "
             f"{row['tail_s']:7.3f}"
+        )
+    if "calibration_spread" in result:
+        lines.append(
+            f"machine noise: the same batch's learner work, timed before each round, spread "
+            f"{100 * result['calibration_spread']:.1f}% (max - min over median)"
         )
     return "\n".join(lines)
