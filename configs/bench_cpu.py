@@ -5,11 +5,13 @@ Command:
     python -m experiments.bench_schedules --config=configs/bench_cpu.py --workdir=runs/bench
 
 What to expect (default: lognormal trace, sigma 1.5, group_icc 0.3, balance 1,
-32 groups x 4, seeds 0 and 1; about 4 min, half of it compiling): DIR/bench.json
+16 groups x 8, seeds 0 and 1; about 3-4 min, half of it compiling): DIR/bench.json
 with, per schedule, the measured and predicted step time, learner idle fraction
-and tail. Measured on the shared 2-core dev box (load 11-17, other jobs
-running): sync 4.55 s, group 2.51 s (1.81x), stream 2.20 s (2.07x), stream
-learner idle 6.9%; predictor error -1.7% / -1.2% / -11.6% (see BENCHMARKS.md).
+and tail, and the machine-noise spread. Measured on the idle 2-core dev VM
+(session 3): stream 1.64-1.94x faster per step than sync, group in between or
+equal, stream learner idle <= 4%; predictor error within +-1.8% for all three
+schedules in one run, up to +13% in another, on a VM whose own speed moved
+20-30% between rounds (see BENCHMARKS.md).
 
 Variants (`--config=configs/bench_cpu.py:VARIANT`):
   tiny   seconds-long smoke run (tests): 4 groups x 2, one round, one seed
@@ -44,7 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_groups = 16
     c.group_size = 8
     c.mean_tokens = 96
-    c.rounds = 5
+    c.rounds = 9  # medians over 9: the VM's own speed moves 20-30% between rounds
     c.warmup = 1
     c.seeds = (0, 1)
     c.schedules = ("sync", "group", "stream")

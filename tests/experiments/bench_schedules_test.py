@@ -43,8 +43,8 @@ def test_tiny_benchmark_writes_bench_json(tmp_path, learner):
     assert seed["num_trajectories"] == config.num_groups * config.group_size
     # Every schedule computed the same update (float32 summation order only).
     assert seed["max_grad_rel_diff"] < 1e-4
-    rounds = config.warmup + config.rounds
-    assert len(seed["rounds_calibrated_work_s"]) == rounds and result["calibration_spread"] >= 0
+    passes = (config.warmup + config.rounds) * len(config.schedules)
+    assert len(seed["passes_calibrated_work_s"]) == passes and result["calibration_spread"] >= 0
     assert "machine noise" in bench.format_table(result)
     # The sync step includes the whole rollout span: nothing can start before it ends.
     assert result["schedules"]["sync"]["step_time_s"] >= seed["rollout_span_s"]

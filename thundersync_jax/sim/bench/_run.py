@@ -7,7 +7,7 @@ workload once per schedule, the schedule order rotating from round to round so
 slow drifts of the machine hit every schedule alike; warm-up rounds are dropped.
 The prediction is `sim.simulate` on the same (scaled) trace with a cost model
 calibrated on the same learner: once at start (which also sets the balance), and
-again at the start of every round (see `_run_seed`).
+again right before every replay (see `_run_seed`).
 
 Reported per schedule: the mean over seeds of the median over counted rounds,
 measured and predicted alike; every schedule's update is checked to be the same
@@ -79,10 +79,10 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
 
     The calibration at start (every shape, `calibration_reps` times, plus one pass
     over the batch's chunks) fixes the workload: arrival times are scaled with it.
-    Each round then opens with one more pass over the batch's chunks and predicts
-    that round from it: on a shared machine the learner's speed drifts within
-    minutes, and a calibration seconds before the measurement tracks that drift.
-    Both predictions are reported.
+    Every replay is then preceded by one more pass over the batch's chunks, and
+    predicted from it: the learner's speed drifts within seconds even on an idle
+    VM (`calibration_spread`), and a calibration right before the measurement
+    tracks that drift. Both predictions are reported.
     """
     max_len = learner.seq_buckets[-1]
     mct = int(config.max_chunk_tokens)
@@ -106,21 +106,23 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     predicted_affine: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
     grad_diffs, round_work = [], []
     for r in range(int(config.warmup) + int(config.rounds)):
-        round_cost, _ = calibrate(1)
-        # The same batch's work, priced by each round's calibration: its spread over rounds
-        # is how much the machine's own speed moves, a floor under any prediction error.
-        round_work.append(sim.simulate(trace, "sync", round_cost, mct).learner_work_s)
         order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
         grads = {}
         for i, s in enumerate(order):
+            # A calibration pass seconds before each replay: the machine's speed drifts
+            # within a round, and each prediction should see the speed its replay sees.
+            step_cost, _ = calibrate(1)
+            # The same batch's work, priced by each pass: its spread is how much the
+            # machine's own speed moves, a floor under any prediction error.
+            round_work.append(sim.simulate(trace, "sync", step_cost, mct).learner_work_s)
             res = replay_step(
                 learner, items, s, num_groups, group_size, mct, advance=i == len(order) - 1
             )
             grads[s] = res.grads
             if r >= config.warmup:
                 measured[s].append(res)
-                predicted[s].append(sim.simulate(trace, s, round_cost, mct))
-                predicted_affine[s].append(sim.simulate(trace, s, round_cost.affine(), mct))
+                predicted[s].append(sim.simulate(trace, s, step_cost, mct))
+                predicted_affine[s].append(sim.simulate(trace, s, step_cost.affine(), mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
     out = {
@@ -129,7 +131,7 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
-        "rounds_calibrated_work_s": round_work,
+        "passes_calibrated_work_s": round_work,
         "calibration_spread": (max(round_work) - min(round_work)) / statistics.median(round_work),
         "cost_model": _cost_dict(cost),
         "calibration": table,
@@ -249,7 +251,7 @@ def format_table(result: dict) -> str:
         )
     if "calibration_spread" in result:
         lines.append(
-            f"machine noise: the same batch's learner work, timed before each round, spread "
+            f"machine noise: the same batch's learner work, timed before each replay, spread "
             f"{100 * result['calibration_spread']:.1f}% (max - min over median)"
         )
     return "\n".join(lines)
