@@ -79,6 +79,7 @@ def get_base_config() -> ml_collections.ConfigDict:
             b2=0.999,
             max_grad_norm=1.0,
             warmup_steps=0,  # linear learning-rate ramp over the first N applied updates
+            decay_steps=0,  # > 0: cosine decay to 0 at that update (after the warmup)
             # An all-zero gradient (every group's rewards equal) skips the step instead of
             # letting Adam's momentum move the weights with no signal in the batch.
             skip_zero_grad=True,

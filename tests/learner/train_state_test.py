@@ -124,3 +124,15 @@ def test_warmup_ramps_the_learning_rate_over_applied_updates():
     np.testing.assert_allclose(moves, [0.1, 0.0, 0.2, 0.3, 0.3], rtol=1e-6)
     with pytest.raises(ValueError, match="warmup_steps=-1"):
         make_optimizer(_optim(warmup_steps=-1))
+
+
+def test_cosine_decay_after_warmup_reaches_zero():
+    """warmup 2, decay to update 6: lr/2, lr, then a cosine from lr down to 0, then 0."""
+    from thundersync_jax.learner.train_state import learning_rate_schedule
+
+    sched = learning_rate_schedule(1.0, warmup_steps=2, decay_steps=6)
+    got = [float(sched(i)) for i in range(8)]
+    cosine = [0.5 * (1 + np.cos(np.pi * k / 4)) for k in range(5)]
+    np.testing.assert_allclose(got, [0.5, 1.0, *cosine, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match="decay_steps=2"):
+        learning_rate_schedule(1.0, warmup_steps=2, decay_steps=2)

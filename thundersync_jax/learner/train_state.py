@@ -40,7 +40,9 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
         raise ValueError(f"optim.name={name!r}; valid: {', '.join(OPTIMIZERS)}")
     if not cfg.learning_rate > 0:
         raise ValueError(f"optim.learning_rate={cfg.learning_rate} must be > 0")
-    lr = learning_rate_schedule(cfg.learning_rate, cfg.get("warmup_steps", 0))
+    lr = learning_rate_schedule(
+        cfg.learning_rate, cfg.get("warmup_steps", 0), cfg.get("decay_steps", 0)
+    )
     if name == "adamw":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     elif name == "adam":
@@ -52,19 +54,36 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     return opt
 
 
-def learning_rate_schedule(peak: float, warmup_steps: int):
-    """`peak`, or a linear ramp peak/w, 2·peak/w, …, peak over the first w applied updates.
+def learning_rate_schedule(peak: float, warmup_steps: int, decay_steps: int = 0):
+    """The learning rate per applied update: warmup ramp, then constant or cosine decay.
 
-    A freshly warm-started policy sits on a sharp optimum: full-size steps before the
-    first few batches have been seen can knock it off (see configs/cpu.py). The count is
-    the optimizer's own, so a skipped (non-finite or all-zero) step does not advance it.
+    With `warmup_steps` w > 0 the first w updates ramp linearly: peak/w, 2·peak/w, …,
+    peak. A freshly warm-started policy sits on a sharp optimum, and full-size steps
+    before a few batches have been seen can knock it off (see configs/cpu.py). With
+    `decay_steps` d > 0 the rate then follows a cosine from peak down to 0 at update d
+    (and stays 0), so the last updates of a short run only polish. The count is the
+    optimizer's own: a skipped (non-finite or all-zero) step does not advance it.
     """
-    warmup_steps = int(warmup_steps)
+    warmup_steps, decay_steps = int(warmup_steps), int(decay_steps)
     if warmup_steps < 0:
         raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0")
-    if warmup_steps == 0:
+    if decay_steps < 0 or (decay_steps and decay_steps <= warmup_steps):
+        raise ValueError(
+            f"optim.decay_steps={decay_steps} must be 0 (no decay) or > "
+            f"optim.warmup_steps={warmup_steps}"
+        )
+    if warmup_steps == 0 and decay_steps == 0:
         return peak
-    return optax.linear_schedule(peak / warmup_steps, peak, transition_steps=warmup_steps - 1)
+    parts, boundaries = [], []
+    if warmup_steps:
+        parts.append(optax.linear_schedule(peak / warmup_steps, peak, warmup_steps - 1))
+        boundaries.append(warmup_steps)
+    parts.append(
+        optax.cosine_decay_schedule(peak, decay_steps - warmup_steps)
+        if decay_steps
+        else optax.constant_schedule(peak)
+    )
+    return optax.join_schedules(parts, boundaries) if boundaries else parts[0]
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:

@@ -59,6 +59,7 @@ def check_config(c) -> None:
     _positive("optim.learning_rate", c.optim.learning_rate)
     _positive("optim.max_grad_norm", c.optim.max_grad_norm, allow_zero=True)
     _positive("optim.warmup_steps", c.optim.get("warmup_steps", 0), allow_zero=True)
+    _positive("optim.decay_steps", c.optim.get("decay_steps", 0), allow_zero=True)
     _choice("rollout.engine", c.rollout.engine, ENGINES)
     _positive("rollout.num_engines", c.rollout.num_engines)
     _positive("rollout.max_batch", c.rollout.max_batch)
