@@ -21,7 +21,8 @@ the fix-vs-no-op margin by several nats while the rest of the transcript holds;
 first step moves every weight by ~lr (far past that edge at any useful lr), so the
 optimizer is SGD with lr 0.02 and the gradient clipped to norm 0.5 (steps <= 0.01),
 ramped in over the first 10 updates and cosine-decayed to 0 by the last.
-Temperature 0.5 keeps the transcripts well-formed (the learner scores the same tempered distribution), and an episode ends at its first
+Temperature 0.5 keeps the transcripts well-formed (the learner scores the same
+tempered distribution), and an episode ends at its first
 all-error turn (a refused no-op edit), which keeps failed episodes short.
 
 Variants (`--config=configs/cpu.py:VARIANT`):
