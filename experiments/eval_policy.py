@@ -21,8 +21,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from thundersync_jax.envs import agent_loop, agent_samplers
-from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.models import qwen3
 from thundersync_jax.models import tokenizer as tokenizers
 from thundersync_jax.schedule import components
 
@@ -37,7 +36,7 @@ _OUT = flags.DEFINE_string("out", "", "Optional JSON file for the per-task resul
 
 
 def evaluate(config, workdir: str, policy_dir: str, samples: int, temperature: float, seed: int):
-    """Plays every task `samples` times; returns (rewards [tasks, samples], trajectories)."""
+    """Plays every task `samples` times; returns (rewards [tasks, samples], trajectories, tok)."""
     if samples < 1:
         raise ValueError(f"--samples={samples} must be >= 1")
     if not os.path.isfile(os.path.join(policy_dir, "model.safetensors")):
@@ -46,31 +45,10 @@ def evaluate(config, workdir: str, policy_dir: str, samples: int, temperature: f
             "DIR/sft/student-*"
         )
     tasks = components.build_tasks(config, workdir)
-    tok = tokenizers.from_config(config)
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
     model = qwen3.from_pretrained(policy_dir)
-    params = sampling.SamplingParams(
-        temperature=temperature,
-        max_new_tokens=config.rollout.max_new_tokens_per_turn,
-        stop_token_ids=tuple(tok.stop_ids),
-    )
-    episodes = [
-        agent_loop.Episode(
-            lambda t=task: components.make_env(config, t, workdir),
-            agent_loop.EpisodeIds(seed, 0, i, m),
-        )
-        for i, task in enumerate(tasks)
-        for m in range(samples)
-    ]
+    tok = tokenizers.from_config(config)
+    trajs = components.play_tasks(config, workdir, tasks, model, tok, samples, temperature, seed)
     rewards = np.zeros((len(tasks), samples))
-    with agent_samplers.GenerateSampler(
-        model, params, tok.pad_id, max_batch=int(config.rollout.max_batch)
-    ) as sampler:
-        trajs = list(
-            agent_loop.run_episodes(
-                episodes, sampler, tok, limits, max_concurrency=int(config.rollout.max_batch)
-            )
-        )
     for tr in trajs:
         rewards[tr.ids.prompt, tr.ids.member] = tr.reward
     return rewards, trajs, tok

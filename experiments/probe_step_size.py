@@ -22,12 +22,13 @@ from absl import app, flags
 from flax import nnx
 from ml_collections import config_flags
 
-from thundersync_jax import accumulators, losses
-from thundersync_jax.envs import agent_demos, agent_loop, agent_samplers
+from thundersync_jax import accumulators
+from thundersync_jax.envs import agent_demos, agent_loop
 from thundersync_jax.learner import chunks, sft
-from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.models import qwen3
 from thundersync_jax.models import tokenizer as tokenizers
 from thundersync_jax.schedule import components
+from thundersync_jax.schedule.opd_learner import TokenLogprobFn
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/probe", "Where the task pool is materialized.")
@@ -36,14 +37,11 @@ _STEPS = flags.DEFINE_list("steps", ["0.02", "0.05", "0.1", "0.2"], "L2 step len
 _SEED = flags.DEFINE_integer("seed", 2, "Sampling seed (the step id of the episodes).")
 
 
-def _sequence_logprobs(graphdef, params, rows, temperature: float) -> np.ndarray:
+def _sequence_logprobs(logprob_fn: TokenLogprobFn, params, rows) -> np.ndarray:
     """Summed tempered log-probability of each (tokens, loss_mask) row's masked tokens."""
-    out = []
-    for tokens, mask in rows:
-        logits = nnx.merge(graphdef, params)(jnp.asarray(tokens[None, :-1]))
-        lp = losses.token_logprobs(chunks.tempered(logits, temperature), tokens[None, 1:])
-        out.append(float(np.sum(np.asarray(lp)[0] * mask[1:])))
-    return np.asarray(out)
+    return np.asarray(
+        [float(np.sum(logprob_fn(params, tokens[None])[0] * mask)) for tokens, mask in rows]
+    )
 
 
 def main(argv):
@@ -58,27 +56,15 @@ def main(argv):
     limits = agent_loop.LoopLimits.from_config(config.rollout)
     model = qwen3.from_pretrained(_POLICY.value)
     group_size = int(config.rl.group_size)
-    params_s = sampling.SamplingParams(
-        temperature=temperature,
-        max_new_tokens=config.rollout.max_new_tokens_per_turn,
-        stop_token_ids=tuple(tok.stop_ids),
+    trajs = components.play_tasks(
+        config, workdir, tasks, model, tok, group_size, temperature, _SEED.value
     )
-    episodes = [
-        agent_loop.Episode(
-            lambda t=task: components.make_env(config, t, workdir),
-            agent_loop.EpisodeIds(_SEED.value, 0, k, m),
-        )
-        for k, task in enumerate(tasks)
-        for m in range(group_size)
-    ]
-    with agent_samplers.GenerateSampler(model, params_s, tok.pad_id, max_batch=16) as sampler:
-        trajs = list(agent_loop.run_episodes(episodes, sampler, tok, limits, max_concurrency=16))
     rewards = np.array([t.reward for t in trajs])
     print(f"batch: {len(trajs)} trajectories, mean reward {rewards.mean():.3f}")
 
     graphdef, params = nnx.split(model, nnx.Param)
     score = chunks.make_score_grad_fn(
-        graphdef, tuple(config.learner.seq_buckets), temperature=temperature
+        graphdef, tuple(config.learner.seq_buckets), pad_id=tok.pad_id, temperature=temperature
     )
     acc = accumulators.grpo(
         num_groups=len(tasks),
@@ -105,12 +91,13 @@ def main(argv):
     )
     demo_rows = list(zip(*sft.pad_examples(demos), strict=True))
     traj_rows = [(t.tokens, t.loss_mask) for t in trajs]
-    base_demo = _sequence_logprobs(graphdef, params, demo_rows, temperature)
-    base_traj = _sequence_logprobs(graphdef, params, traj_rows, temperature)
+    logprob_fn = TokenLogprobFn(score)  # the forward the gradient was taken through
+    base_demo = _sequence_logprobs(logprob_fn, params, demo_rows)
+    base_traj = _sequence_logprobs(logprob_fn, params, traj_rows)
     for step in steps:
         moved = jax.tree.map(lambda p, g, s=step: p - s * g / norm, params, grad)
-        d_traj = _sequence_logprobs(graphdef, moved, traj_rows, temperature) - base_traj
-        d_demo = _sequence_logprobs(graphdef, moved, demo_rows, temperature) - base_demo
+        d_traj = _sequence_logprobs(logprob_fn, moved, traj_rows) - base_traj
+        d_demo = _sequence_logprobs(logprob_fn, moved, demo_rows) - base_demo
         line = (
             f"L2 step {step:g}: successful trajectories {d_traj[rewards == 1].mean():+.2f} nats, "
             f"failed {d_traj[rewards < 1].mean():+.2f}"

@@ -17,7 +17,7 @@ import jax
 
 from thundersync_jax import metrics
 from thundersync_jax.envs import agent_demos, agent_loop, verify
-from thundersync_jax.envs.agent_samplers import EngineSampler
+from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
 from thundersync_jax.envs.swe import factory
 from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3, sampling
@@ -51,6 +51,31 @@ def build_tasks(config, workdir: str) -> list:
 
 def make_env(config, task, workdir: str):
     return factory.make_environment(task, workdir, config.env)
+
+
+def play_tasks(
+    config, workdir: str, tasks: list, model, tok, samples: int, temperature: float, seed: int
+) -> list:
+    """Every task (`build_tasks`) played `samples` times by `model` (embedded
+    sampler, the config's loop limits, real sandbox and verifier); returns the trajectories,
+    whose `ids.prompt` is the task index and `ids.member` the sample index."""
+    params = sampling.SamplingParams(
+        temperature=temperature,
+        max_new_tokens=config.rollout.max_new_tokens_per_turn,
+        stop_token_ids=tuple(tok.stop_ids),
+    )
+    episodes = [
+        agent_loop.Episode(
+            lambda t=task: make_env(config, t, workdir),
+            agent_loop.EpisodeIds(seed, 0, i, m),
+        )
+        for i, task in enumerate(tasks)
+        for m in range(samples)
+    ]
+    max_batch = int(config.rollout.max_batch)
+    with GenerateSampler(model, params, tok.pad_id, max_batch=max_batch) as s:
+        limits = agent_loop.LoopLimits.from_config(config.rollout)
+        return list(agent_loop.run_episodes(episodes, s, tok, limits, max_concurrency=max_batch))
 
 
 def env_factory(config, tasks: list, workdir: str, step: int):

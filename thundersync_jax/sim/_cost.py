@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from thundersync_jax.learner.buckets import bucket_rows
+
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
@@ -93,8 +95,7 @@ class CostModel:
         """(rows, length) of the block a row-padded chunk of these trajectories runs as."""
         if not lengths:
             raise ValueError("a chunk needs at least one trajectory")
-        rows = 1 << (len(lengths) - 1).bit_length()  # as learner.buckets.bucket_rows
-        return rows, self.padded(int(max(lengths)))
+        return bucket_rows(len(lengths)), self.padded(int(max(lengths)))
 
     def padded_area(self, lengths: Sequence[int]) -> int:
         """Tokens the learner runs for a chunk whose trajectories have these lengths."""
