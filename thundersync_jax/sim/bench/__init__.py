@@ -8,9 +8,10 @@ Rollouts are replayed from a trace by a sleeping thread (standing in for rollout
 hardware separate from the learner); the learner work is real: score-gradient
 chunks of a tiny Qwen3 policy, the streaming GRPO accumulator, the training run's
 own planner and learner loop, and an optax step. `sim.simulate`, with a cost
-model calibrated at start on the same score-gradient function, predicts every
-schedule's step time. Kept out of `thundersync_jax.sim` so the simulator itself
-imports no JAX.
+model calibrated on the same learner (calibration passes interleaved with the
+replays, pooled; see `_run.py`), predicts every schedule's step time. Timed
+passes run with the cyclic garbage collector off (`_gc.py`). Kept out of
+`thundersync_jax.sim` so the simulator itself imports no JAX.
 """
 
 from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config

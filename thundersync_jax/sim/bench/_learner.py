@@ -26,6 +26,7 @@ from thundersync_jax.models import qwen3
 from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.planner import WorkItem
 from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim.bench._gc import collector_paused
 from thundersync_jax.sim.bench._workload import ReplayTrajectory
 
 PAD_ID = 0
@@ -121,80 +122,99 @@ class BenchLearner:
             for m in range(rows)
         ]
 
-    def padded_area(self, chunk: Sequence[WorkItem]) -> int:
-        """rows × length the score-gradient call runs for this chunk, padding included."""
-        longest = max(it.num_tokens for it in chunk)
-        return buckets.bucket_rows(len(chunk)) * buckets.bucket_length(longest, self.seq_buckets)
+    def padded_shape(self, rows: int, longest: int) -> tuple[int, int]:
+        """(rows, length) of the block the score-gradient call runs for such a chunk."""
+        return buckets.bucket_rows(rows), buckets.bucket_length(longest, self.seq_buckets)
 
     def _timed(self, chunk: Sequence[WorkItem]) -> float:
         start = time.perf_counter()
         self.process(list(chunk))
         return time.perf_counter() - start
 
-    def calibrate(
-        self,
-        num_groups: int,
-        group_size: int,
-        max_rows: int,
-        reps: int,
-        seed: int = 0,
-        workload: Sequence[Sequence[WorkItem]] = (),
-    ) -> tuple[CostModel, list[dict]]:
-        """Compiles every chunk shape of a K × G batch, then fits the cost model to timed chunks.
+    def time_shapes(
+        self, num_groups: int, group_size: int, max_rows: int, reps: int, seed: int = 0
+    ) -> CalibrationSamples:
+        """Compiles and times every chunk shape of a K × G batch, and the optimizer step.
 
         A chunk holds at most `max_rows` trajectories (≤ G: one slot of one group).
         Every padded (rows, bucket) shape runs once untimed (compiling) and `reps`
-        times timed, on the accumulator the batch uses. Then the `workload` chunks
-        (e.g. one batch's chunks in sync order) run once each, timed: on a shared
-        machine tens of samples per shape average out load spikes that a few
-        repetitions cannot. The fit uses each padded size's mean time without
-        gross stalls (`stall_free_mean`): the step time is a sum of chunk times, so a
-        mean predicts it, but one stall must not set the cost of a whole shape. opt_s
-        is the median of `reps` finalize + optimizer steps. The returned model prices each
-        timed shape by that mean (`CostModel.shape_s`); the line is the fallback.
-
-        Returns the model and one row per padded size: rows, length, samples, seconds.
+        times timed, on the accumulator the batch uses; finalize + the optimizer
+        step run `reps` + 1 times (the first compiles and is not kept). The cyclic
+        garbage collector is off throughout (`collector_paused`), as in every replay.
         """
-        rng = np.random.default_rng(seed)
-        samples: dict[tuple[int, int], list[float]] = {}
-        self.begin(num_groups, group_size)
-        for rows, length in self.shapes(max_rows):
-            chunk = self._probe_chunk(min(rows, max_rows), length, rng)
-            self.process(chunk)  # compiles
-            for _ in range(reps):
+        with collector_paused():
+            rng = np.random.default_rng(seed)
+            out = CalibrationSamples()
+            self.begin(num_groups, group_size)
+            for rows, length in self.shapes(max_rows):
+                chunk = self._probe_chunk(min(rows, max_rows), length, rng)
+                self.process(chunk)  # compiles
+                for _ in range(reps):
+                    self.begin(num_groups, group_size)
+                    out.add_chunk(rows, length, self._timed(chunk))
+            fill = [self._probe_chunk(1, self.seq_buckets[0], rng)[0] for _ in range(group_size)]
+            for m, it in enumerate(fill):
+                it.member = m
+            for rep in range(reps + 1):
                 self.begin(num_groups, group_size)
-                samples.setdefault((rows, length), []).append(self._timed(chunk))
-        if workload:
-            self.begin(num_groups, group_size)
-            for chunk in workload:
-                rows = buckets.bucket_rows(len(chunk))
-                length = self.padded_area(chunk) // rows
-                samples.setdefault((rows, length), []).append(self._timed(chunk))
-        opt = []
-        fill = [self._probe_chunk(1, self.seq_buckets[0], rng)[0] for _ in range(group_size)]
-        for m, it in enumerate(fill):
-            it.member = m
-        for _ in range(reps + 1):  # the first call compiles
-            self.begin(num_groups, group_size)
-            for it in fill:  # finalize wants no half-filled group: fill group 0, row by row
-                self.process([it])
-            start = time.perf_counter()
-            self.finish(advance=False)
-            opt.append(time.perf_counter() - start)
-        table = [
-            {"rows": r, "length": n, "samples": len(ts), "seconds": stall_free_mean(ts)}
-            for (r, n), ts in sorted(samples.items())
-        ]
-        cost = CostModel.fit(
-            [(row["rows"] * row["length"], row["seconds"]) for row in table],
-            opt_s=statistics.median(opt[1:]),
-            buckets=self.seq_buckets,
-            row_padding=True,
-        )
-        # Every shape the batch can produce was timed: price chunks by those measurements
-        # (`cost.affine()` is the plain line, reported alongside).
-        shapes = tuple((row["rows"], row["length"], row["seconds"]) for row in table)
-        return dataclasses.replace(cost, shape_s=shapes), table
+                for it in fill:  # finalize wants no half-filled group: fill group 0, row by row
+                    self.process([it])
+                start = time.perf_counter()
+                self.finish(advance=False)
+                if rep:  # the first call compiles
+                    out.opt.append(time.perf_counter() - start)
+            return out
+
+    def fit_cost(self, samples: CalibrationSamples) -> tuple[CostModel, list[dict]]:
+        """The cost model of these samples; see `fit_cost`."""
+        return fit_cost(samples, self.seq_buckets)
+
+
+@dataclasses.dataclass
+class CalibrationSamples:
+    """Timed chunks per padded (rows, length) shape, and timed optimizer steps (seconds)."""
+
+    chunks: dict[tuple[int, int], list[float]] = dataclasses.field(default_factory=dict)
+    opt: list[float] = dataclasses.field(default_factory=list)
+
+    def add_chunk(self, rows: int, length: int, seconds: float) -> None:
+        self.chunks.setdefault((int(rows), int(length)), []).append(float(seconds))
+
+    def extend(self, other: CalibrationSamples) -> None:
+        """Pools `other`'s samples into these."""
+        for (rows, length), ts in other.chunks.items():
+            for t in ts:
+                self.add_chunk(rows, length, t)
+        self.opt.extend(other.opt)
+
+
+def fit_cost(
+    samples: CalibrationSamples, seq_buckets: Sequence[int]
+) -> tuple[CostModel, list[dict]]:
+    """Prices every timed shape by its samples' mean without gross stalls; fits the line too.
+
+    The step time is a sum of chunk times, so a mean predicts it, but one stall
+    must not set the cost of a whole shape (`stall_free_mean`). opt_s is the
+    median optimizer step. The returned model prices each timed shape by its mean
+    (`CostModel.shape_s`); the fixed + per-token line through those means is the
+    fallback (and `cost.affine()`, reported alongside).
+
+    Returns the model and one row per padded shape: rows, length, samples, seconds.
+    """
+    if not samples.opt:
+        raise ValueError("no timed optimizer step among the calibration samples")
+    table = [
+        {"rows": r, "length": n, "samples": len(ts), "seconds": stall_free_mean(ts)}
+        for (r, n), ts in sorted(samples.chunks.items())
+    ]
+    cost = CostModel.fit(
+        [(row["rows"] * row["length"], row["seconds"]) for row in table],
+        opt_s=statistics.median(samples.opt),
+        buckets=tuple(seq_buckets),
+        row_padding=True,
+    )
+    shapes = tuple((row["rows"], row["length"], row["seconds"]) for row in table)
+    return dataclasses.replace(cost, shape_s=shapes), table
 
 
 def learner_from_config(config: ml_collections.ConfigDict) -> BenchLearner:

@@ -6,8 +6,10 @@ work over the rollout span equals `balance`. Each round replays that same
 workload once per schedule, the schedule order rotating from round to round so
 slow drifts of the machine hit every schedule alike; warm-up rounds are dropped.
 The prediction is `sim.simulate` on the same (scaled) trace with a cost model
-calibrated on the same learner: once at start (which also sets the balance), and
-again right before every replay (see `_run_seed`).
+calibrated on the same learner: at start (which also sets the balance) and
+again right before every replay, all of a seed's calibration samples pooled
+(see `_run_seed`). Every timed pass runs with Python's cyclic garbage collector
+off (`_gc.py`).
 
 Reported per schedule: the mean over seeds of the median over counted rounds,
 measured and predicted alike; every schedule's update is checked to be the same
@@ -29,8 +31,13 @@ import numpy as np
 from thundersync_jax import sim
 from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.sim.bench import _workload as workload
-from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
-from thundersync_jax.sim.bench._replay import RoundResult, replay_step
+from thundersync_jax.sim.bench._gc import frozen_heap
+from thundersync_jax.sim.bench._learner import (
+    BenchLearner,
+    CalibrationSamples,
+    learner_from_config,
+)
+from thundersync_jax.sim.bench._replay import RoundResult, calibration_pass, replay_step
 
 log = logging.getLogger(__name__)
 
@@ -66,93 +73,111 @@ def max_rows(config, group_size: int) -> int:
     return max(1, min(group_size, int(config.max_chunk_tokens) // 2))  # >= 2 tokens each
 
 
-def _sync_chunks(trace, items, learner: BenchLearner, max_chunk_tokens: int) -> list[list]:
-    """The workload's chunks in sync order (what the calibration pass times)."""
-    order_only = CostModel(0.0, 1.0, buckets=learner.seq_buckets, row_padding=True)
-    by_id = {int(it.item_id): it for it in items}
-    result = sim.simulate(trace, "sync", order_only, max_chunk_tokens)
-    return [[by_id[i] for i in c.ids] for c in result.chunks if c.ids]
-
-
 def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     """Calibration, then measured rounds and predictions of every schedule on one seed's workload.
 
-    The calibration at start (every shape, `calibration_reps` times, plus one pass
-    over the batch's chunks) fixes the workload: arrival times are scaled with it.
-    Every replay is then preceded by one more pass over the batch's chunks, and
-    predicted from it: the learner's speed drifts within seconds even on an idle
-    VM (`calibration_spread`), and a calibration right before the measurement
-    tracks that drift. Both predictions are reported.
+    Calibration at start: every chunk shape and the batch's own chunks
+    (`calibration_pass`) timed `calibration_reps` times each; arrival times are
+    scaled so that this learner work over the rollout span is `balance`. The
+    warm-up rounds re-scale them with their own passes (the VM runs the learner
+    faster in the stop-and-go rhythm of replays than in back-to-back passes).
+
+    Every replay is preceded by one calibration pass (every shape once, the
+    batch's chunks once). The prediction prices chunks with the counted rounds'
+    passes pooled: the learner's speed moves 20-50% between passes seconds apart
+    on the dev VM (`calibration_spread`), and a single pass made the prediction
+    noisier than the measurement it predicts (7-8% round-to-round spread of
+    single-pass predictions of sync against 4-5% of the measured sync steps). The
+    prediction from the pass right before each replay is reported too
+    (`predicted_paired_step_time_s`).
     """
-    max_len = learner.seq_buckets[-1]
     mct = int(config.max_chunk_tokens)
-    trace, clipped = workload.fit_lengths(_seed_trace(config, seed), max_len)
+    trace, clipped = workload.fit_lengths(_seed_trace(config, seed), learner.seq_buckets[-1])
     num_groups, group_size = workload.group_shape(trace)
-    items = workload.work_items(trace, learner.vocab_size, seed)
     rows = max_rows(config, group_size)
 
-    def calibrate(reps: int):
-        chunks = _sync_chunks(trace, items, learner, mct)
-        return learner.calibrate(num_groups, group_size, rows, reps, seed, workload=chunks)
+    def calibration(reps: int, items) -> CalibrationSamples:
+        samples = learner.time_shapes(num_groups, group_size, rows, reps, seed)
+        for _ in range(reps):
+            samples.extend(calibration_pass(learner, items, num_groups, group_size, mct))
+        return samples
 
-    cost, table = calibrate(int(config.calibration_reps))
+    first_items = workload.work_items(trace, learner.vocab_size, seed)
+    cost, _ = learner.fit_cost(calibration(int(config.calibration_reps), first_items))
     log.info("seed %d calibrated: %s", seed, cost)
     trace = sim.balance(trace, cost, float(config.balance), mct)
     items = workload.work_items(trace, learner.vocab_size, seed)  # the same tokens, new times
     schedules = list(config.schedules)
-    at_start = {s: sim.simulate(trace, s, cost, mct) for s in [*schedules, "async"]}
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
-    predicted: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
-    predicted_affine: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
+    paired: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
+    warm_costs: list[CostModel] = []  # one per warm-up pass
+    pool = CalibrationSamples()  # the passes of counted rounds: the time the replays ran in
     grad_diffs, round_work = [], []
     for r in range(int(config.warmup) + int(config.rounds)):
+        if r == int(config.warmup) and r > 0:
+            # Re-balance at the replays' speed: this VM runs the learner ~8% faster in
+            # the stop-and-go rhythm of replays than in back-to-back passes (realized
+            # balance 0.92 when scaled at start). By the median warm-up pass: the first
+            # seconds after compiling can run slower still.
+            median_pass = sorted(
+                warm_costs, key=lambda c: sim.simulate(trace, "sync", c, mct).learner_work_s
+            )[len(warm_costs) // 2]
+            trace = sim.balance(trace, median_pass, float(config.balance), mct)
+            items = workload.work_items(trace, learner.vocab_size, seed)
         order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
         grads = {}
         for i, s in enumerate(order):
-            # A calibration pass seconds before each replay: the machine's speed drifts
-            # within a round, and each prediction should see the speed its replay sees.
-            step_cost, _ = calibrate(1)
-            # The same batch's work, priced by each pass: its spread is how much the
+            step_samples = calibration(1, items)
+            step_cost, _ = learner.fit_cost(step_samples)
+            # The same batch's work priced by each pass: its spread is how much the
             # machine's own speed moves, a floor under any prediction error.
             round_work.append(sim.simulate(trace, "sync", step_cost, mct).learner_work_s)
             res = replay_step(
                 learner, items, s, num_groups, group_size, mct, advance=i == len(order) - 1
             )
             grads[s] = res.grads
-            if r >= config.warmup:
+            if r < config.warmup:
+                warm_costs.append(step_cost)
+            else:
+                pool.extend(step_samples)
                 measured[s].append(res)
-                predicted[s].append(sim.simulate(trace, s, step_cost, mct))
-                predicted_affine[s].append(sim.simulate(trace, s, step_cost.affine(), mct))
+                paired[s].append(sim.simulate(trace, s, step_cost, mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
+    pooled, table = learner.fit_cost(pool)
+    at_start = {s: sim.simulate(trace, s, cost, mct) for s in [*schedules, "async"]}
     out = {
         "rollout_span_s": at_start["sync"].rollout_span_s,
         "learner_work_s": at_start["sync"].learner_work_s,
+        # The balance the counted replays ran at: their passes' work over the span.
+        "realized_balance": sim.simulate(trace, "sync", pooled, mct).learner_work_s
+        / at_start["sync"].rollout_span_s,
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
         "passes_calibrated_work_s": round_work,
         "calibration_spread": (max(round_work) - min(round_work)) / statistics.median(round_work),
-        "cost_model": _cost_dict(cost),
+        "cost_model": _cost_dict(pooled),
         "calibration": table,
         "schedules": {},
-        "predicted_async_step_time_s": at_start["async"].step_time_s,
+        "predicted_async_step_time_s": sim.simulate(trace, "async", pooled, mct).step_time_s,
     }
     for s in schedules:
-        rs, ps = measured[s], predicted[s]
+        rs, pred = measured[s], sim.simulate(trace, s, pooled, mct)
         out["schedules"][s] = {
             "step_time_s": statistics.median(x.step_time_s for x in rs),
-            "predicted_step_time_s": statistics.median(p.step_time_s for p in ps),
+            "predicted_step_time_s": pred.step_time_s,
+            "predicted_paired_step_time_s": statistics.median(p.step_time_s for p in paired[s]),
             "predicted_at_start_step_time_s": at_start[s].step_time_s,
-            "predicted_affine_step_time_s": statistics.median(
-                p.step_time_s for p in predicted_affine[s]
-            ),
+            "predicted_affine_step_time_s": sim.simulate(
+                trace, s, pooled.affine(), mct
+            ).step_time_s,
             "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
-            "predicted_learner_idle_frac": statistics.median(p.learner_idle_frac for p in ps),
+            "predicted_learner_idle_frac": pred.learner_idle_frac,
             "tail_s": statistics.median(x.tail_s for x in rs),
-            "predicted_tail_s": statistics.median(p.tail_s for p in ps),
+            "predicted_tail_s": pred.tail_s,
             "rounds_step_time_s": [x.step_time_s for x in rs],
-            "rounds_predicted_step_time_s": [p.step_time_s for p in ps],
+            "rounds_predicted_paired_step_time_s": [p.step_time_s for p in paired[s]],
         }
     return out
 
@@ -172,6 +197,7 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
     keys = (
         "step_time_s",
         "predicted_step_time_s",
+        "predicted_paired_step_time_s",
         "predicted_at_start_step_time_s",
         "predicted_affine_step_time_s",
         "learner_idle_frac",
@@ -183,6 +209,9 @@ def _summarize(per_seed: list[dict], schedules: Sequence[str]) -> dict:
     for s in schedules:
         row = {k: float(np.mean([p["schedules"][s][k] for p in per_seed])) for k in keys}
         row["predicted_error"] = row["step_time_s"] / row["predicted_step_time_s"] - 1.0
+        row["predicted_paired_error"] = (
+            row["step_time_s"] / row["predicted_paired_step_time_s"] - 1.0
+        )
         row["predicted_affine_error"] = (
             row["step_time_s"] / row["predicted_affine_step_time_s"] - 1.0
         )
@@ -218,7 +247,8 @@ def run_benchmark(
             f"rounds={config.rounds} must be >= 1, warmup={config.warmup} >= 0, seeds non-empty"
         )
     learner = learner or learner_from_config(config)
-    per_seed = [_run_seed(learner, config, int(seed)) for seed in config.seeds]
+    with frozen_heap():  # cheap collections between timed passes (see _gc.py)
+        per_seed = [_run_seed(learner, config, int(seed)) for seed in config.seeds]
     result = {
         "schedules": _summarize(per_seed, list(config.schedules)),
         "predicted_async_step_time_s": float(
@@ -238,13 +268,14 @@ def run_benchmark(
 def format_table(result: dict) -> str:
     """A plain-text summary of bench.json's schedules."""
     lines = [
-        f"{'schedule':8s} {'step_s':>8s} {'pred_s':>8s} {'err':>7s} {'err_lin':>7s} "
-        f"{'speedup':>8s} {'pred_x':>7s} {'idle':>6s} {'tail_s':>7s}"
+        f"{'schedule':8s} {'step_s':>8s} {'pred_s':>8s} {'err':>7s} {'err_pair':>8s} "
+        f"{'err_lin':>7s} {'speedup':>8s} {'pred_x':>7s} {'idle':>6s} {'tail_s':>7s}"
     ]
     for s, row in result["schedules"].items():
         lines.append(
             f"{s:8s} {row['step_time_s']:8.3f} {row['predicted_step_time_s']:8.3f} "
-            f"{100 * row['predicted_error']:+6.1f}% {100 * row['predicted_affine_error']:+6.1f}% "
+            f"{100 * row['predicted_error']:+6.1f}% {100 * row['predicted_paired_error']:+7.1f}% "
+            f"{100 * row['predicted_affine_error']:+6.1f}% "
             f"{row.get('speedup_vs_sync', 1.0):8.2f} "
             f"{row.get('predicted_speedup_vs_sync', 1.0):7.2f} {row['learner_idle_frac']:6.3f} "
             f"{row['tail_s']:7.3f}"
