@@ -19,6 +19,7 @@ def test_shipped_configs_pass():
         ("rl.loss_agg", "mean", "rl.loss_agg='mean'"),
         ("rl.group_size", 0, "rl.group_size=0 must be > 0"),
         ("rollout.top_p", 1.5, "rollout.top_p=1.5"),
+        ("rollout.top_p", 0.9, "rollout.top_p=0.9: the learner scores every token"),
         ("optim.learning_rate", -1.0, "optim.learning_rate=-1.0"),
         ("rollout.max_traj_tokens", 10**6, "exceeds model.max_position_embeddings"),
         ("env.family", "chess", "env.family='chess'"),

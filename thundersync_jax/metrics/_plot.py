@@ -145,7 +145,7 @@ def plot_timeline(
         if c in colors_used
     ]
     handles += [
-        Patch(color=c, label=k if k in (T.OPT, T.PUBLISH) else f"chunk: {k}")
+        Patch(color=c, label=k if k in (T.OPT, T.PUBLISH, T.CHUNK) else f"chunk: {k}")
         for k, c in LEARNER_COLORS.items()
         if k in present
     ]

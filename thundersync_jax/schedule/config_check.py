@@ -66,6 +66,14 @@ def check_config(c) -> None:
     _positive("rollout.temperature", c.rollout.temperature)
     if not 0 < c.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={c.rollout.top_p!r} must be in (0, 1]")
+    if c.rollout.top_p != 1:
+        # The learner scores tokens under the full softmax(logits / temperature); a nucleus
+        # cut samples from another distribution, so the update would be silently off-policy.
+        raise ConfigError(
+            f"rollout.top_p={c.rollout.top_p!r}: the learner scores every token under the "
+            "full softmax at rollout.temperature, so top_p < 1 would train off-policy; use "
+            "top_p=1.0 (lower rollout.temperature to sharpen sampling instead)"
+        )
     _positive("rollout.max_turns", c.rollout.max_turns)
     _positive("rollout.max_error_turns", c.rollout.get("max_error_turns", 0), allow_zero=True)
     _positive("rollout.max_new_tokens_per_turn", c.rollout.max_new_tokens_per_turn)

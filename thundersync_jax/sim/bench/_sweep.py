@@ -64,8 +64,11 @@ def sweep_table(points: list[dict], command: str) -> str:
     return "\n".join(lines)
 
 
-def sweep_plot(points: list[dict], path: str) -> None:
-    """Measured (markers) vs predicted (lines) speedup over sync against balance."""
+def sweep_plot(points: list[dict], path: str, command: str = "") -> None:
+    """Measured (markers) vs predicted (lines) speedup over sync against balance.
+
+    `command`, when given, is printed under the plot (the figure names its command).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,6 +95,9 @@ def sweep_plot(points: list[dict], path: str) -> None:
     axes[0].set_ylabel("speedup per step")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
+    if command:
+        fig.subplots_adjust(bottom=0.22)
+        fig.text(0.01, 0.01, command, fontsize=7, family="monospace")
     fig.savefig(path)
     plt.close(fig)
 
@@ -126,5 +132,5 @@ def run_sweep(
     with open(os.path.join(workdir, "sweep.md"), "w") as f:
         f.write(sweep_table(points, command) + "\n")
         f.write(f"\nWall time: {time.perf_counter() - start:.0f} s.\n")
-    sweep_plot(points, os.path.join(workdir, "sweep.png"))
+    sweep_plot(points, os.path.join(workdir, "sweep.png"), command)
     return points
