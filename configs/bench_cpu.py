@@ -8,10 +8,10 @@ What to expect (default: lognormal trace, sigma 1.5, group_icc 0.3, balance 1,
 16 groups x 8, seeds 0 and 1, 21 counted rounds after 2 warm-up; about 5 min):
 DIR/bench.json with, per schedule, the measured and predicted step time, learner
 idle fraction and tail, the realized balance and the machine-noise spread.
-Measured on the idle 2-core dev VM (session 4, seventeen runs with the trace
-keys varied): stream 1.80-2.00x faster per step than sync, group in between,
-every schedule predicted within 3% in sixteen (the miss, +4.8%, at 11 rounds;
-its seeds at 21 rounds within 1.4%), on a VM whose own speed moved 30-55%
+Measured on the idle 2-core dev VM (session 4, eighteen runs with the trace
+keys varied): stream 1.80-2.01x faster per step than sync, group in between,
+every schedule predicted within 3% in sixteen (the misses: stream +4.8% at 11
+rounds, -4.3% in the default run), on a VM whose own speed moved 30-57%
 between passes seconds apart (see BENCHMARKS.md).
 
 Variants (`--config=configs/bench_cpu.py:VARIANT`):
