@@ -16,7 +16,7 @@ between passes seconds apart (see BENCHMARKS.md).
 
 Variants (`--config=configs/bench_cpu.py:VARIANT`):
   tiny   seconds-long smoke run (tests): 4 groups x 2, one round, one seed
-  sweep  balance x sigma x group_icc grid (~20 min): DIR/sweep.{json,md,png}
+  sweep  balance x sigma x group_icc grid (~15 min): DIR/sweep.{json,md,png}
 
 Keys: trace ("lognormal" or a JSONL trace written by a training run, e.g.
 DIR/traces/arrivals.jsonl, with trace_step picking the step, -1 the last);
@@ -68,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.calibration_reps = 2
     elif arg == "sweep":
         c.sweep.balances = (0.25, 0.5, 1.0, 2.0, 4.0)
-        c.num_groups = 10  # 20 grid points in ~25 min on 2 shared cores
+        c.num_groups = 10  # 20 grid points in ~15 min (862 s measured, session 4)
         c.rounds = 3
         c.warmup = 1  # re-balances the trace at the replays' speed (see sim/bench/_run.py)
         c.seeds = (0, 1)

@@ -165,10 +165,6 @@ class BenchLearner:
                     out.opt.append(time.perf_counter() - start)
             return out
 
-    def fit_cost(self, samples: CalibrationSamples) -> tuple[CostModel, list[dict]]:
-        """The cost model of these samples; see `fit_cost`."""
-        return fit_cost(samples, self.seq_buckets)
-
 
 @dataclasses.dataclass
 class CalibrationSamples:
@@ -182,9 +178,8 @@ class CalibrationSamples:
 
     def extend(self, other: CalibrationSamples) -> None:
         """Pools `other`'s samples into these."""
-        for (rows, length), ts in other.chunks.items():
-            for t in ts:
-                self.add_chunk(rows, length, t)
+        for shape, ts in other.chunks.items():
+            self.chunks.setdefault(shape, []).extend(ts)
         self.opt.extend(other.opt)
 
 

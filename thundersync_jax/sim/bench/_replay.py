@@ -10,7 +10,6 @@ step. The step time is batch start → optimizer step done (no publication).
 from __future__ import annotations
 
 import dataclasses
-import math
 import queue
 import threading
 import time
@@ -133,10 +132,9 @@ def calibration_pass(
         learner, at_once, "sync", num_groups, group_size, max_chunk_tokens, advance=False
     )
     out = CalibrationSamples()
-    prev_end = math.nan
-    for rows, longest, start, end in res.chunks:
-        began = start if math.isnan(prev_end) else prev_end
-        out.add_chunk(*learner.padded_shape(rows, longest), end - began)
+    prev_end = res.chunks[0][2]  # the first chunk's own start
+    for rows, longest, _, end in res.chunks:
+        out.add_chunk(*learner.padded_shape(rows, longest), end - prev_end)
         prev_end = end
     out.opt.append(res.step_time_s - prev_end)
     return out

@@ -6,9 +6,9 @@ work over the rollout span equals `balance`. Each round replays that same
 workload once per schedule, the schedule order rotating from round to round so
 slow drifts of the machine hit every schedule alike; warm-up rounds are dropped.
 The prediction is `sim.simulate` on the same (scaled) trace with a cost model
-calibrated on the same learner: at start (which also sets the balance) and
-again right before every replay, all of a seed's calibration samples pooled
-(see `_run_seed`). Every timed pass runs with Python's cyclic garbage collector
+calibrated on the same learner: at start (which sets the balance, re-set by the
+warm-up rounds) and again right before every replay, the counted rounds' passes
+pooled (see `_run_seed`). Every timed pass runs with Python's cyclic garbage collector
 off (`_gc.py`).
 
 Reported per schedule: the mean over seeds of the median over counted rounds,
@@ -35,6 +35,7 @@ from thundersync_jax.sim.bench._gc import frozen_heap
 from thundersync_jax.sim.bench._learner import (
     BenchLearner,
     CalibrationSamples,
+    fit_cost,
     learner_from_config,
 )
 from thundersync_jax.sim.bench._replay import RoundResult, calibration_pass, replay_step
@@ -103,14 +104,14 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
         return samples
 
     first_items = workload.work_items(trace, learner.vocab_size, seed)
-    cost, _ = learner.fit_cost(calibration(int(config.calibration_reps), first_items))
+    cost, _ = fit_cost(calibration(int(config.calibration_reps), first_items), learner.seq_buckets)
     log.info("seed %d calibrated: %s", seed, cost)
     trace = sim.balance(trace, cost, float(config.balance), mct)
     items = workload.work_items(trace, learner.vocab_size, seed)  # the same tokens, new times
     schedules = list(config.schedules)
     measured: dict[str, list[RoundResult]] = {s: [] for s in schedules}
     paired: dict[str, list[sim.SimResult]] = {s: [] for s in schedules}
-    warm_costs: list[CostModel] = []  # one per warm-up pass
+    warm_passes: list[tuple[float, CostModel]] = []  # (batch work, cost) per warm-up pass
     pool = CalibrationSamples()  # the passes of counted rounds: the time the replays ran in
     grad_diffs, round_work = [], []
     for r in range(int(config.warmup) + int(config.rounds)):
@@ -119,16 +120,14 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
             # the stop-and-go rhythm of replays than in back-to-back passes (realized
             # balance 0.92 when scaled at start). By the median warm-up pass: the first
             # seconds after compiling can run slower still.
-            median_pass = sorted(
-                warm_costs, key=lambda c: sim.simulate(trace, "sync", c, mct).learner_work_s
-            )[len(warm_costs) // 2]
-            trace = sim.balance(trace, median_pass, float(config.balance), mct)
+            _, median_cost = sorted(warm_passes, key=lambda p: p[0])[len(warm_passes) // 2]
+            trace = sim.balance(trace, median_cost, float(config.balance), mct)
             items = workload.work_items(trace, learner.vocab_size, seed)
         order = schedules[r % len(schedules) :] + schedules[: r % len(schedules)]
         grads = {}
         for i, s in enumerate(order):
             step_samples = calibration(1, items)
-            step_cost, _ = learner.fit_cost(step_samples)
+            step_cost, _ = fit_cost(step_samples, learner.seq_buckets)
             # The same batch's work priced by each pass: its spread is how much the
             # machine's own speed moves, a floor under any prediction error.
             round_work.append(sim.simulate(trace, "sync", step_cost, mct).learner_work_s)
@@ -137,21 +136,22 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
             )
             grads[s] = res.grads
             if r < config.warmup:
-                warm_costs.append(step_cost)
+                warm_passes.append((round_work[-1], step_cost))
             else:
                 pool.extend(step_samples)
                 measured[s].append(res)
                 paired[s].append(sim.simulate(trace, s, step_cost, mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
-    pooled, table = learner.fit_cost(pool)
-    at_start = {s: sim.simulate(trace, s, cost, mct) for s in [*schedules, "async"]}
+    pooled, table = fit_cost(pool, learner.seq_buckets)
+    simulated = {*schedules, "sync", "async"}
+    at_start = {s: sim.simulate(trace, s, cost, mct) for s in simulated}
+    predicted = {s: sim.simulate(trace, s, pooled, mct) for s in simulated}
     out = {
         "rollout_span_s": at_start["sync"].rollout_span_s,
         "learner_work_s": at_start["sync"].learner_work_s,
         # The balance the counted replays ran at: their passes' work over the span.
-        "realized_balance": sim.simulate(trace, "sync", pooled, mct).learner_work_s
-        / at_start["sync"].rollout_span_s,
+        "realized_balance": predicted["sync"].learner_work_s / at_start["sync"].rollout_span_s,
         "clipped_lengths": clipped,
         "num_trajectories": len(trace),
         "max_grad_rel_diff": max(grad_diffs, default=0.0),
@@ -160,10 +160,10 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
         "cost_model": _cost_dict(pooled),
         "calibration": table,
         "schedules": {},
-        "predicted_async_step_time_s": sim.simulate(trace, "async", pooled, mct).step_time_s,
+        "predicted_async_step_time_s": predicted["async"].step_time_s,
     }
     for s in schedules:
-        rs, pred = measured[s], sim.simulate(trace, s, pooled, mct)
+        rs, pred = measured[s], predicted[s]
         out["schedules"][s] = {
             "step_time_s": statistics.median(x.step_time_s for x in rs),
             "predicted_step_time_s": pred.step_time_s,
