@@ -70,7 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.sweep.balances = (0.25, 0.5, 1.0, 2.0, 4.0)
         c.num_groups = 10  # 20 grid points in ~15 min (862 s measured, session 4)
         c.rounds = 3
-        c.warmup = 1  # re-balances the trace at the replays' speed (see sim/bench/_run.py)
+        c.warmup = 1  # re-balances the trace at the replays' speed (see bench/schedules/_run.py)
         c.seeds = (0, 1)
         c.calibration_reps = 3
     elif arg not in (None, ""):

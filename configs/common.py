@@ -68,6 +68,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             kl_coef=0.0,
             kl_estimator="k3",  # k1 | k3
             entropy_coef=0.0,
+            # True: every score-gradient call holds one trajectory (one OPD turn) in every
+            # schedule, so a call's composition is fixed by the data, never by timing.
+            deterministic=False,
         )
     )
     c.optim = ml_collections.ConfigDict(

@@ -15,7 +15,7 @@ import os
 from absl import app, flags
 
 from configs import common
-from thundersync_jax.learner import chunk_bench
+from thundersync_jax.bench import chunks as chunk_bench
 
 _OUT = flags.DEFINE_string("out", "", "write the result as JSON here (optional)")
 _LENGTHS = flags.DEFINE_list("lengths", ["32", "64", "128", "256", "512", "1024"], "chunk lengths")

@@ -14,7 +14,7 @@ import json
 
 from absl import app, flags
 
-from thundersync_jax.rollout import bench
+from thundersync_jax.bench import publish as bench
 
 _TARGET_MIB = flags.DEFINE_integer("target_mib", 128, "Approximate parameter MiB (float32).")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Measured publications (median reported).")

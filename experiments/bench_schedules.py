@@ -4,7 +4,7 @@ r"""Schedule benchmark: sync / group / stream on one replayed workload, measured
         [--config.sigma=1.5] [--config.group_icc=0.3] [--config.balance=1.0]
     python -m experiments.bench_schedules --config=configs/bench_cpu.py:sweep --workdir=DIR
 
-Writes DIR/bench.json (see thundersync_jax.sim.bench) and prints a table; the
+Writes DIR/bench.json (see thundersync_jax.bench.schedules) and prints a table; the
 `sweep` variant writes DIR/sweep.json, DIR/sweep.md and DIR/sweep.png.
 """
 
@@ -13,7 +13,7 @@ import logging
 from absl import app, flags
 from ml_collections import config_flags
 
-from thundersync_jax.sim import bench
+from thundersync_jax.bench import schedules as bench
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/bench_schedules", "Output directory.")

@@ -25,10 +25,10 @@ from ml_collections import config_flags
 from thundersync_jax import accumulators
 from thundersync_jax.envs import agent_demos, agent_loop
 from thundersync_jax.learner import chunks, sft
+from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.models import qwen3
 from thundersync_jax.models import tokenizer as tokenizers
 from thundersync_jax.schedule import components
-from thundersync_jax.schedule.opd_learner import TokenLogprobFn
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/probe", "Where the task pool is materialized.")

@@ -1,7 +1,8 @@
-r"""GRPO on SWE-bench-format tasks with gradient streaming.
+r"""GRPO with gradient streaming: `thundersync_jax.train.run` for rl.algorithm=grpo.
 
     python -m experiments.swe_grpo --config=configs/cpu.py --workdir=runs/cpu \
-        [--config.schedule=stream] [--config.num_steps=N] [--config.seed=S]
+        [--config.schedule=sync|group|stream|async] [--config.num_steps=N] [--config.seed=S] \
+        [--config.env.family=mini_swe|swe_jsonl|terminal]
 
 Writes DIR/metrics.jsonl, DIR/checkpoints/, DIR/final/ (HF safetensors) and
 timeline pictures; rerunning the same command after a crash resumes.
@@ -10,7 +11,7 @@ timeline pictures; rerunning the same command after a crash resumes.
 from absl import app, flags
 from ml_collections import config_flags
 
-from thundersync_jax.schedule import trainer
+from thundersync_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/swe_grpo", "Output directory (resumes if present).")
@@ -18,7 +19,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/swe_grpo", "Output directory (re
 
 def main(argv):
     del argv
-    trainer.train(_CONFIG.value, _WORKDIR.value)
+    train.run(_CONFIG.value, _WORKDIR.value, entry_algorithm="grpo")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-r"""On-policy distillation on terminal tasks: per-turn teacher scoring, streamed gradients.
+r"""On-policy distillation: teacher-scored turns, streamed gradients (`train.run`, opd).
 
     python -m experiments.terminal_opd --config=configs/terminal_opd_cpu.py --workdir=runs/opd \
-        [--config.schedule=stream|group|sync] [--config.num_steps=N] [--config.seed=S] \
-        [--config.teacher.checkpoint=HF_DIR]
+        [--config.schedule=sync|group|stream|async] [--config.num_steps=N] [--config.seed=S] \
+        [--config.teacher.checkpoint=HF_DIR] [--config.env.family=terminal|mini_swe|swe_jsonl]
 
 Writes DIR/metrics.jsonl (DESIGN §6 names plus reverse_kl), DIR/checkpoints/, DIR/final/
 (HF safetensors) and timelines; rerunning the same command after a crash resumes.
@@ -11,7 +11,7 @@ Writes DIR/metrics.jsonl (DESIGN §6 names plus reverse_kl), DIR/checkpoints/, D
 from absl import app, flags
 from ml_collections import config_flags
 
-from thundersync_jax.schedule import opd_trainer
+from thundersync_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/terminal_opd", "Output directory (resumes).")
@@ -19,7 +19,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/terminal_opd", "Output directory
 
 def main(argv):
     del argv
-    opd_trainer.train(_CONFIG.value, _WORKDIR.value)
+    train.run(_CONFIG.value, _WORKDIR.value, entry_algorithm="opd")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from configs import bench_cpu
-from thundersync_jax.sim import bench
+from thundersync_jax.bench import schedules as bench
 
 FIELDS = (
     "step_time_s",
@@ -89,7 +89,7 @@ def test_sweep_table_formats_points():
 
 
 def test_stall_free_mean_keeps_the_slow_side_but_not_stalls():
-    from thundersync_jax.sim.bench._learner import stall_free_mean
+    from thundersync_jax.bench.schedules._learner import stall_free_mean
 
     # 1.9 (slow, kept) moves the mean, unlike an interquartile mean; 40 (a stall) is dropped.
     assert stall_free_mean([1.0, 1.0, 1.0, 1.9, 40.0]) == pytest.approx(4.9 / 4)

@@ -181,7 +181,6 @@ def test_bfloat16_params_give_float32_gradients(model_parts, score_grad):
 def test_compiles_stay_bounded_across_lengths_and_rows(model_parts):
     graphdef, params = model_parts
     fn = chunks.make_score_grad_fn(graphdef, (8, 24))
-    before = chunks.total_compiles()
     rng = np.random.default_rng(4)
     for length in range(2, 25):
         tokens = rng.integers(0, CFG.vocab_size, (1, length))
@@ -189,7 +188,6 @@ def test_compiles_stay_bounded_across_lengths_and_rows(model_parts):
         mask[:, 0] = 0
         fn(params, tokens, mask)
     assert fn.compiles == 2  # one per sequence bucket; rows are bucketed too (buckets_test)
-    assert chunks.total_compiles() - before == 2
 
 
 def test_remat_gives_the_same_gradient(model_parts, score_grad):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 from configs import cpu
 from thundersync_jax.envs.swe import instance as swe_instance
@@ -32,7 +33,6 @@ from thundersync_jax.envs.swe import mini_swe
 from thundersync_jax.metrics import read_metrics
 from thundersync_jax.schedule import components, trainer
 from thundersync_jax.schedule.config_check import ConfigError
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A test_patch that cannot apply: evaluate_patch raises on it (a broken instance).

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 from configs.common import get_base_config
 from thundersync_jax import accumulators, losses
@@ -20,7 +21,6 @@ from thundersync_jax.learner.train_state import init_train_state, make_apply_upd
 from thundersync_jax.models import lora
 from thundersync_jax.schedule import lora_policy
 from thundersync_jax.schedule.config_check import ConfigError
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 

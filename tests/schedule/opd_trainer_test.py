@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from thundersync_jax.schedule.opd_learner import OpdLearner, TurnPayload
 
 from configs import terminal_opd_cpu
 from thundersync_jax import accumulators, losses
@@ -25,7 +26,6 @@ from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule import opd_trainer
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
-from thundersync_jax.schedule.opd_learner import OpdLearner, TurnPayload
 from thundersync_jax.schedule.planner import Planner, WorkItem
 
 K, G = 2, 2

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 from thundersync_jax import accumulators, losses
 from thundersync_jax.learner import chunks
 from thundersync_jax.schedule import regularizers
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 

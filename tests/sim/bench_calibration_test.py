@@ -5,11 +5,11 @@ import gc
 import pytest
 
 from configs import bench_cpu
-from thundersync_jax.sim import bench
-from thundersync_jax.sim.bench import _workload as workload
-from thundersync_jax.sim.bench._gc import collector_paused, frozen_heap
-from thundersync_jax.sim.bench._learner import CalibrationSamples, fit_cost, stall_free_mean
-from thundersync_jax.sim.bench._replay import calibration_pass
+from thundersync_jax.bench import schedules as bench
+from thundersync_jax.bench.schedules import _workload as workload
+from thundersync_jax.bench.schedules._gc import collector_paused, frozen_heap
+from thundersync_jax.bench.schedules._learner import CalibrationSamples, fit_cost, stall_free_mean
+from thundersync_jax.bench.schedules._replay import calibration_pass
 
 
 def test_fit_cost_prices_each_shape_by_its_stall_free_mean():

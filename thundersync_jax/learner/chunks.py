@@ -9,12 +9,11 @@ rows, or one turn of a multi-turn trajectory (forward over the whole prefix, `lo
 that turn's tokens only: the OPD per-turn mode; the per-turn gradients sum to the trajectory's).
 
 Shapes are padded to buckets (see `buckets.py`) so the number of compilations is bounded;
-`fn.compiles` counts them (and `total_compiles()` across all functions, for metrics).
+`fn.compiles` counts them per function (the loop reports each step's new compilations).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,20 +26,6 @@ from jaxtyping import Array, Float, Int
 from thundersync_jax import losses
 from thundersync_jax.learner import buckets
 from thundersync_jax.models import lora
-
-_TOTAL_COMPILES = 0
-_TOTAL_LOCK = threading.Lock()
-
-
-def total_compiles() -> int:
-    """Compilations of every score-gradient function in this process (a metrics counter)."""
-    return _TOTAL_COMPILES
-
-
-def _count_compile() -> None:
-    global _TOTAL_COMPILES
-    with _TOTAL_LOCK:
-        _TOTAL_COMPILES += 1
 
 
 def _weighted_logprob_sum(
@@ -116,7 +101,6 @@ class ScoreGradFn:
     def _score_grad(self, params, base_params, tokens, loss_mask, token_weights):
         # Runs once per trace, i.e. once per compilation of this jitted function.
         self.compiles += 1
-        _count_compile()
 
         def objective(trainable):
             model = self._model(trainable, base_params)

@@ -28,6 +28,7 @@ from flax import nnx
 
 from thundersync_jax.learner import buckets
 from thundersync_jax.models import qwen3, sharding
+from thundersync_jax.schedule import schedules
 
 GB = 1e9
 _F32 = 4
@@ -188,9 +189,11 @@ def activation_bytes(model_config: Any, rows: int, tokens: int, tp: int, remat: 
 
 def open_groups_on_device(config: Any) -> int:
     """Open groups whose two tallies live on the device (0 when groups close before work)."""
-    if config.schedule in ("sync", "group") or config.rl.algorithm == "opd":
-        return 0
-    return int(config.rl.max_open_groups or config.rl.num_groups)
+    if config.rl.algorithm == "opd":
+        return 0  # OPD's accumulator has one global tally, no per-group ones
+    return schedules.get(config.schedule).open_group_tallies(
+        int(config.rl.num_groups), int(config.rl.max_open_groups) or None
+    )
 
 
 def plan(config: Any) -> MemoryPlan:

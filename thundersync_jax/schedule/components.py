@@ -1,7 +1,7 @@
-"""Builds what the trainer wires together: tasks, the warm-started policy, engines, artifacts.
+"""The plumbing of a run: logging, the engine fleet, per-step artifacts, metric files.
 
-Kept apart from the step loop so `trainer.py` reads as the algorithm and this
-file as the plumbing (which task family, which engine, where files go).
+Kept apart from the loop (`thundersync_jax/train.py`) so the loop reads as the algorithm
+and this file as where processes run and files go.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ import sys
 import jax
 
 from thundersync_jax import metrics
-from thundersync_jax.envs import agent_demos, agent_loop, verify
+from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
-from thundersync_jax.envs.swe import factory
-from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import snapshots
 from thundersync_jax.rollout.manager import EngineManager
@@ -45,12 +43,12 @@ def configure_logging(workdir: str) -> None:
 
 
 def build_tasks(config, workdir: str) -> list:
-    """The task pool of the run (SWE-bench-format instances)."""
-    return factory.load_instances(config.env, workdir, int(config.seed))
+    """The task pool of the run (`env.family`'s, see `envs.task_families`)."""
+    return task_families.get(config.env.family).build_tasks(config, workdir)
 
 
 def make_env(config, task, workdir: str):
-    return factory.make_environment(task, workdir, config.env)
+    return task_families.get(config.env.family).make_env(config, task, workdir)
 
 
 def play_tasks(
@@ -76,44 +74,6 @@ def play_tasks(
     with GenerateSampler(model, params, tok.pad_id, max_batch=max_batch) as s:
         limits = agent_loop.LoopLimits.from_config(config.rollout)
         return list(agent_loop.run_episodes(episodes, s, tok, limits, max_concurrency=max_batch))
-
-
-def env_factory(config, tasks: list, workdir: str, step: int):
-    """Environment factory for `step`: group k of step n uses task (n·K + k) mod |tasks|."""
-    k_per_step = int(config.rl.num_groups)
-
-    def make(group: int, member: int):
-        del member  # every member of a group gets the same prompt
-        return make_env(config, tasks[(step * k_per_step + group) % len(tasks)], workdir)
-
-    return make
-
-
-def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3:
-    """The initial policy: an HF checkpoint, or a tiny model trained on demonstrations."""
-    if config.sft.steps == 0:
-        if config.model.checkpoint:
-            return qwen3.from_pretrained(config.model.checkpoint)
-        from flax import nnx
-
-        return qwen3.Qwen3(
-            qwen3.Qwen3Config.from_config_dict(config.model), rngs=nnx.Rngs(int(config.seed))
-        )
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
-    examples = agent_demos.demonstration_examples(
-        [lambda t=t: make_env(config, t, workdir) for t in tasks],
-        tok,
-        limits,
-        decoys=bool(config.sft.get("decoys", False)),
-    )
-    cache = config.sft.cache_dir or workdir  # tests share one warm start across runs
-    result = sft.train_sft_from_config(config, examples, cache, name="student")
-    log.info("warm start: %s (cache hit: %s)", result.path, result.cache_hit)
-    return result.model
-
-
-def verifier_failure_count() -> int:
-    return int(sum(verify.failure_counts().values()))
 
 
 def save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Timeline) -> None:

@@ -9,13 +9,12 @@ by configuration, so they are refused here with the offending key named.
 
 from __future__ import annotations
 
-from thundersync_jax.schedule.planner import SCHEDULES
+from thundersync_jax.envs import task_families
+from thundersync_jax.schedule import schedules
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "batch")
 LOSS_AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
-ALGORITHMS = ("grpo", "opd")
 ENGINES = ("embedded", "vllm")
-FAMILIES = ("mini_swe", "terminal", "swe_jsonl")
 
 
 class ConfigError(ValueError):
@@ -34,11 +33,21 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name}={value!r} must be {bound}")
 
 
+def _registered(lookup, name):
+    try:
+        return lookup(name)
+    except ValueError as e:  # the registries' errors already name the valid choices
+        raise ConfigError(str(e)) from None
+
+
 def check_config(c) -> None:
-    """Raises ConfigError naming the first bad value; returns None when the config is usable."""
-    _choice("schedule", c.schedule, SCHEDULES)
+    """Raises ConfigError naming the first bad value; returns None when the config is usable.
+
+    The algorithm's own checks (`algorithms.get(name).check_config`) come on top (the
+    training loop runs both).
+    """
+    _registered(schedules.get, c.schedule)
     _positive("num_steps", c.num_steps, allow_zero=True)
-    _choice("rl.algorithm", c.rl.algorithm, ALGORITHMS)
     if not callable(c.rl.advantage):
         _choice("rl.advantage", c.rl.advantage, ADVANTAGES)
     _choice("rl.loss_agg", c.rl.loss_agg, LOSS_AGGS)
@@ -50,6 +59,8 @@ def check_config(c) -> None:
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
+    if not isinstance(c.rl.get("deterministic", False), bool):
+        raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
     # One optimizer step per batch is what makes streaming exact.
     if c.get("optim") is not None and c.optim.get("steps_per_batch", 1) != 1:
         raise ConfigError(
@@ -92,13 +103,11 @@ def check_config(c) -> None:
         c.rl.max_len or c.rollout.max_traj_tokens
     ):
         raise ConfigError("rl.loss_agg=seq-mean-token-sum-norm needs rl.max_len > 0")
-    if c.schedule == "async" and c.rl.algorithm == "opd":
-        raise ConfigError(
-            "schedule=async is a GRPO staleness baseline; use sync/group/stream for opd"
-        )
-    _choice("env.family", c.env.family, FAMILIES)
-    if c.env.family == "swe_jsonl" and not c.env.instances:
-        raise ConfigError("env.family=swe_jsonl needs env.instances=<path to a SWE-bench JSONL>")
+    family = _registered(task_families.get, c.env.family)
+    try:
+        family.check(c)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _positive("env.num_tasks", c.env.num_tasks)
     _positive("env.sandbox_timeout_s", c.env.sandbox_timeout_s)
     _positive("env.sandbox_memory_mb", c.env.sandbox_memory_mb)

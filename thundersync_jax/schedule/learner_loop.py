@@ -3,8 +3,10 @@
 Rollout threads (or a trace replayer) put `Arrival`s on a queue; this loop,
 running on the learner's thread, moves them into the planner and runs whatever
 chunk the planner says is ready, draining the queue between chunks so priority
-decisions always see every arrival so far. It returns when the planner has
-handed out the whole batch.
+decisions always see every arrival so far. The learner's per-batch state is
+threaded through `process(state, chunk) -> state` (an algorithm's pure learner
+function, `algorithms.base.BatchLearner.process`); the loop returns the final
+state once the planner has handed out the whole batch.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import dataclasses
 import queue
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from thundersync_jax.schedule.planner import Planner, WorkItem
+
+State = TypeVar("State")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,18 +45,21 @@ class BatchStats:
 def run_learner_batch(
     planner: Planner,
     arrivals: queue.Queue,
-    process_chunk: Callable[[list[WorkItem]], None],
+    state: State,
+    process_chunk: Callable[[State, list[WorkItem]], State],
     *,
     clock: Callable[[], float] = time.perf_counter,
-    on_chunk: Callable[[list[WorkItem], float, float], None] | None = None,
+    on_chunk: Callable[[list[WorkItem], float, float], Any] | None = None,
     timeout_s: float = 3600.0,
-) -> BatchStats:
-    """Runs the batch's learner work; returns when every item was processed.
+) -> tuple[State, BatchStats]:
+    """Runs the batch's learner work; returns (final state, stats) once every item ran.
 
     Args:
       planner: decides readiness and chunk order for this batch.
       arrivals: queue of `WorkItem` or `MemberFailed`.
-      process_chunk: the learner work for one chunk (score gradient + accumulate).
+      state: the learner's per-batch state at the batch start.
+      process_chunk: (state, chunk) -> state, the learner work for one chunk (score
+        gradient + accumulate); it returns when the work is done (timings measure it).
       clock: time source (the benchmark passes its own epoch-relative clock).
       on_chunk: called with (chunk, start, end) after each chunk, for the timeline.
       timeout_s: longest wait for a single arrival before giving up with an error.
@@ -87,10 +95,10 @@ def run_learner_batch(
                 ) from None
             continue
         start = clock()
-        process_chunk(chunk)
+        state = process_chunk(state, chunk)
         end = clock()
         stats.chunks += 1
         stats.learner_busy_s += end - start
         if on_chunk is not None:
             on_chunk(chunk, start, end)
-    return stats
+    return state, stats

@@ -1,22 +1,17 @@
-"""When learner work may start: the scheduling policy of DESIGN §3, as plain data.
+"""Which learner chunk runs next: the bookkeeping of one batch under a `Schedule`.
 
 The planner sees finished trajectories (or scored turns) arrive and answers one
 question whenever the learner is free: which chunk next? It holds no arrays and
-does no JAX work, so the orchestrator, the benchmark and the tests share it.
+does no JAX work, so the training loop, the benchmark, the simulator and the tests
+share it. What is ready and in which order is the `Schedule`'s rule
+(`schedule/schedules.py`); the planner tracks groups, members and rewards.
 
-Schedules:
-  sync    nothing is ready until every trajectory of the batch is in.
-  group   a group's trajectories are ready once the group is complete.
-  stream  each trajectory is ready on arrival; the learner prefers
-          (0) closed groups, (1) open groups whose rewards already differ (they
-          cannot turn out zero-advantage), (2) the rest, oldest first.
-  async   like sync, but fed with the previous step's rollouts (the trainer
-          handles the pipelining; the planner sees a complete batch).
-
-Chunks pack trajectories of one (group, reward) slot, oldest first, up to
-`max_chunk_tokens` tokens. With `max_open_groups=M`, work of a group that has
-no accumulator slot yet waits while M groups are open (backpressure): never an
-out-of-memory crash, and never a deadlock, since open groups always complete.
+Chunks pack items of one (group, reward) slot, in priority order, up to
+`max_chunk_tokens` tokens (and at most `max_chunk_items` items: 1 under
+`rl.deterministic`, so a call's composition is fixed by the data, never by
+timing). With `max_open_groups=M`, work of a group that has no accumulator slot
+yet waits while M groups are open (backpressure): never an out-of-memory crash,
+and never a deadlock, since open groups always complete.
 """
 
 from __future__ import annotations
@@ -25,7 +20,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-SCHEDULES = ("sync", "group", "stream", "async")
+from thundersync_jax.schedule import schedules
+from thundersync_jax.schedule.schedules import Schedule
 
 
 @dataclasses.dataclass
@@ -59,21 +55,23 @@ class Planner:
 
     def __init__(
         self,
-        schedule: str,
+        schedule: str | Schedule,
         num_groups: int,
         group_size: int,
         max_chunk_tokens: int,
         max_open_groups: int | None = None,
+        max_chunk_items: int | None = None,
     ):
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
+        self.schedule = schedules.get(schedule)
         if num_groups < 1 or group_size < 1:
             raise ValueError(f"num_groups={num_groups}, group_size={group_size}: both must be >= 1")
         if max_chunk_tokens < 1:
             raise ValueError(f"max_chunk_tokens={max_chunk_tokens} must be >= 1")
         if max_open_groups is not None and max_open_groups < 1:
             raise ValueError(f"max_open_groups={max_open_groups} must be >= 1 or None")
-        self.schedule = schedule
+        if max_chunk_items is not None and max_chunk_items < 1:
+            raise ValueError(f"max_chunk_items={max_chunk_items} must be >= 1 or None")
+        self.max_chunk_items = max_chunk_items
         self.num_groups = num_groups
         self.group_size = group_size
         self.max_chunk_tokens = max_chunk_tokens
@@ -136,29 +134,36 @@ class Planner:
 
     # -- decisions --------------------------------------------------------
     def _ready(self) -> list[WorkItem]:
-        if self.schedule in ("sync", "async"):
-            return list(self._pending) if self.batch_complete() else []
-        if self.schedule == "group":
-            return [it for it in self._pending if self.group_complete(it.group)]
-        return list(self._pending)
+        batch_complete = self.batch_complete()
+        return [
+            it
+            for it in self._pending
+            if self.schedule.item_ready(
+                group_complete=self.group_complete(it.group), batch_complete=batch_complete
+            )
+        ]
+
+    def rewards_differ(self, group: int) -> bool:
+        """Whether the group's finished members already hold more than one reward."""
+        return len(self._rewards_seen[group]) > 1
 
     def _priority(self, item: WorkItem) -> tuple:
         k = item.group
-        if self.schedule in ("sync", "async"):
-            # The whole batch is in: a fixed order makes the synchronous update bitwise
-            # reproducible (resume after a crash lands on exactly the same parameters).
-            return (0, float(k), item.member, item.item_id)
-        if self.schedule == "group":
-            # FIFO by readiness: groups in the order they completed.
-            # Groups completing at the same instant are taken one whole group at a time.
-            return (0, self._completed_at[k], float(k), item.member, item.item_id)
-        if self.group_complete(k):
-            rank = 0
-        elif len(self._rewards_seen[k]) > 1:
-            rank = 1
-        else:
-            rank = 2
-        return (rank, item.arrival_s, item.member, item.item_id)
+        return self.schedule.priority(
+            group=k,
+            member=item.member,
+            item_id=item.item_id,
+            arrival_s=item.arrival_s,
+            completed_at=self._completed_at[k],
+            group_complete=self.group_complete(k),
+            rewards_differ=self.rewards_differ(k),
+        )
+
+    def chunk_kind(self, group: int) -> str:
+        """The label of a chunk of `group` picked now (see `Schedule.chunk_kind`)."""
+        return self.schedule.chunk_kind(
+            group_complete=self.group_complete(group), rewards_differ=self.rewards_differ(group)
+        )
 
     def next_chunk(self) -> list[WorkItem]:
         """The next chunk to run (items of one (group, reward) slot), or [] if none is ready."""
@@ -177,6 +182,8 @@ class Planner:
             if it.group != head.group or it.reward != head.reward:
                 continue
             if chunk and tokens + it.num_tokens > self.max_chunk_tokens:
+                break
+            if self.max_chunk_items is not None and len(chunk) >= self.max_chunk_items:
                 break
             chunk.append(it)
             tokens += it.num_tokens

@@ -25,13 +25,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from thundersync_jax.schedule.planner import SCHEDULES, Planner, WorkItem
+from thundersync_jax.schedule import schedules
+from thundersync_jax.schedule.planner import Planner, WorkItem
+from thundersync_jax.schedule.schedules import STREAM_RANKS, Schedule
 from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.sim._trace import Arrival, validate_trace
 
-# Chunk kinds: why the scheduler ran it. sync/async chunks are "batch", group chunks
-# "group"; stream chunks carry the rank of their group when they were picked.
-STREAM_RANKS = ("closed", "differing", "open")
+SCHEDULES = schedules.NAMES
+# Chunk kinds: why the scheduler ran it (`Schedule.chunk_kind`): sync/async chunks are
+# "batch", group chunks "group"; stream chunks carry the rank of their group when picked.
 LEARNER_KINDS = ("batch", "group", *STREAM_RANKS, "opt", "publish")
 
 
@@ -91,7 +93,9 @@ def _work_item(a: Arrival) -> WorkItem:
     )
 
 
-def _planner_for(trace: Sequence[Arrival], schedule: str, max_chunk_tokens: int, cap) -> Planner:
+def _planner_for(
+    trace: Sequence[Arrival], schedule: Schedule, max_chunk_tokens: int, cap
+) -> Planner:
     """A planner sized for the trace; groups smaller than the largest are shrunk up front."""
     sizes = Counter(a.group for a in trace)
     num_groups = max(sizes) + 1
@@ -105,7 +109,7 @@ def _planner_for(trace: Sequence[Arrival], schedule: str, max_chunk_tokens: int,
 
 def _run_learner(
     trace: Sequence[Arrival],
-    schedule: str,
+    schedule: Schedule,
     cost: CostModel,
     max_chunk_tokens: int,
     max_open_groups: int | None,
@@ -114,26 +118,20 @@ def _run_learner(
 
     Mirrors `schedule.learner_loop.run_learner_batch`: whenever the learner is free,
     every arrival so far is pushed, then the planner picks the next chunk; with nothing
-    ready the clock jumps to the next arrival. Async starts with the whole (previous)
-    batch in hand.
+    ready the clock jumps to the next arrival. A pipelined schedule (async) starts with
+    the whole (previous) batch in hand.
     """
     planner = _planner_for(trace, schedule, max_chunk_tokens, max_open_groups)
     by_arrival = sorted(trace, key=lambda a: (a.arrival_s, a.traj_id))
-    group_size = Counter(a.group for a in trace)
-    arrived: Counter = Counter()
-    rewards_seen: dict[int, set[float]] = {k: set() for k in group_size}
     chunks: list[Chunk] = []
     t, i = 0.0, 0
-    if schedule == "async":
+    if schedule.pipelined:
         for a in by_arrival:
             planner.push(_work_item(a))
         i = len(by_arrival)
     while not planner.done():
         while i < len(by_arrival) and by_arrival[i].arrival_s <= t:
-            a = by_arrival[i]
-            planner.push(_work_item(a))
-            arrived[a.group] += 1
-            rewards_seen[a.group].add(a.reward)
+            planner.push(_work_item(by_arrival[i]))
             i += 1
         picked = planner.next_chunk()
         if not picked:
@@ -141,13 +139,7 @@ def _run_learner(
                 raise RuntimeError("learner blocked with nothing left to arrive (planner bug)")
             t = by_arrival[i].arrival_s  # idle until the next trajectory arrives
             continue
-        k = picked[0].group
-        if schedule == "stream":
-            # The rank the planner ranked this group by when it picked the chunk.
-            rank = 0 if arrived[k] == group_size[k] else (1 if len(rewards_seen[k]) > 1 else 2)
-            kind = STREAM_RANKS[rank]
-        else:
-            kind = "group" if schedule == "group" else "batch"
+        kind = planner.chunk_kind(picked[0].group)  # what the group looked like when picked
         end = t + cost.chunk_cost([it.num_tokens for it in picked])
         chunks.append(Chunk(t, end, kind, tuple(it.payload.traj_id for it in picked)))
         t = end
@@ -156,7 +148,7 @@ def _run_learner(
 
 def simulate(
     trace: Sequence[Arrival],
-    schedule: str,
+    schedule: str | Schedule,
     cost: CostModel,
     max_chunk_tokens: int,
     max_open_groups: int | None = None,
@@ -177,8 +169,7 @@ def simulate(
       max_open_groups: cap on groups holding a partial tally; None for no cap.
         Only stream can hold more than one such group, so only it is affected.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}; valid: {', '.join(SCHEDULES)}")
+    schedule = schedules.get(schedule)
     if max_chunk_tokens < 1:
         raise ValueError(f"max_chunk_tokens={max_chunk_tokens} must be >= 1")
     if max_open_groups is not None and max_open_groups < 1:
@@ -189,13 +180,14 @@ def simulate(
         trace, schedule, cost, max_chunk_tokens, max_open_groups
     )
     work = sum(c.end - c.start for c in chunks)
-    opt_start = max(work_end, span) if schedule == "async" else work_end
+    # A pipelined schedule's weight swap waits for the next batch's rollouts (a barrier).
+    opt_start = max(work_end, span) if schedule.pipelined else work_end
     opt_end = opt_start + cost.opt_s
     step_time = opt_end + cost.pub_s
     chunks += [Chunk(opt_start, opt_end, "opt", ()), Chunk(opt_end, step_time, "publish", ())]
     busy = work + cost.opt_s + cost.pub_s
     return SimResult(
-        schedule=schedule,
+        schedule=schedule.name,
         step_time_s=step_time,
         rollout_span_s=span,
         learner_work_s=work,

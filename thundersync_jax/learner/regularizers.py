@@ -1,7 +1,8 @@
-"""KL-to-reference and entropy regularizers for the GRPO trainer (DESIGN §2 "Regularizers").
+"""KL-to-reference and entropy regularizers for every algorithm (DESIGN §2 "Regularizers").
 
-The terms do not depend on the group, so each chunk's gradient goes straight into the
-global tally of an `accumulators.combine(...)` accumulator; the policy part is untouched.
+The terms do not depend on the group (GRPO) or the turn (OPD), so each chunk's gradient goes
+straight into the global tally of an `accumulators.combine(...)` accumulator; the policy part
+is untouched.
 Loss convention (as `accumulators.combine`): L = L_policy + Σ coef · (1/Z) Σ_i w_i Σ_t term_t,
 with the policy's w_i and Z. A KL penalty enters with coef = +kl_coef, an entropy bonus with
 coef = −entropy_coef (config values are both >= 0).

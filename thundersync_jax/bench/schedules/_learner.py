@@ -1,7 +1,7 @@
 """The benchmark's learner: the training run's real learner pieces, timed.
 
 A tiny Qwen3 policy, `learner.chunks` score-gradient chunks, the streaming GRPO
-accumulator through `schedule.GrpoLearner`, and a real optax step from
+accumulator through the training loop's own `algorithms.grpo` batch learner, and a real optax step from
 `learner.train_state`. Chunks block until their result is on hand, so a chunk's
 measured time is its compute, and the planner's next decision sees every
 arrival up to then (what the simulator assumes).
@@ -23,11 +23,11 @@ from thundersync_jax import accumulators
 from thundersync_jax.learner import buckets, chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
+from thundersync_jax.algorithms import grpo
 from thundersync_jax.schedule.planner import WorkItem
 from thundersync_jax.sim._cost import CostModel
-from thundersync_jax.sim.bench._gc import collector_paused
-from thundersync_jax.sim.bench._workload import ReplayTrajectory
+from thundersync_jax.bench.schedules._gc import collector_paused
+from thundersync_jax.bench.schedules._workload import ReplayTrajectory
 
 PAD_ID = 0
 
@@ -72,7 +72,8 @@ class BenchLearner:
         optimizer = make_optimizer(optim_cfg)
         self.apply_update = make_apply_update(optimizer)
         self.state = init_train_state(params, optimizer, seed)
-        self.grpo: GrpoLearner | None = None
+        self.grpo = None  # the GRPO BatchLearner of the current batch shape
+        self.batch = None  # its per-batch state
         self._batch_shape: tuple[int, int] | None = None
 
     def begin(self, num_groups: int, group_size: int) -> None:
@@ -80,18 +81,20 @@ class BenchLearner:
         if self._batch_shape != (num_groups, group_size):
             # A new accumulator (and its jitted add) only when the batch shape changes.
             acc = accumulators.grpo(num_groups=num_groups, group_size=group_size)
-            self.grpo = GrpoLearner(acc, self.score_fn, PAD_ID)
+            self.grpo = grpo.batch_learner(acc, self.score_fn, PAD_ID)
             self._batch_shape = (num_groups, group_size)
-        self.grpo.begin(self.state.params, version=0)
+        self.batch = self.grpo.init(self.state.params, 0)
 
-    def process(self, chunk: list[WorkItem]) -> None:
+    def process(self, batch, chunk: list[WorkItem]):
         """One chunk's score gradient folded into the accumulator, finished on return."""
-        self.grpo.process(chunk)
-        jax.block_until_ready(self.grpo.state)
+        batch = self.grpo.process(batch, chunk)
+        jax.block_until_ready(batch.acc)
+        self.batch = batch
+        return batch
 
     def finish(self, advance: bool):
         """finalize + optimizer step; returns ∇L. `advance=False` keeps the parameters."""
-        grads = self.grpo.finalize()
+        grads = self.grpo.finalize(self.batch)
         new_state, _, _ = self.apply_update(self.state, grads)
         jax.block_until_ready(new_state.params)
         if advance:
@@ -128,7 +131,7 @@ class BenchLearner:
 
     def _timed(self, chunk: Sequence[WorkItem]) -> float:
         start = time.perf_counter()
-        self.process(list(chunk))
+        self.process(self.batch, list(chunk))
         return time.perf_counter() - start
 
     def time_shapes(
@@ -148,7 +151,7 @@ class BenchLearner:
             self.begin(num_groups, group_size)
             for rows, length in self.shapes(max_rows):
                 chunk = self._probe_chunk(min(rows, max_rows), length, rng)
-                self.process(chunk)  # compiles
+                self.process(self.batch, chunk)  # compiles
                 for _ in range(reps):
                     self.begin(num_groups, group_size)
                     out.add_chunk(rows, length, self._timed(chunk))
@@ -158,7 +161,7 @@ class BenchLearner:
             for rep in range(reps + 1):
                 self.begin(num_groups, group_size)
                 for it in fill:  # finalize wants no half-filled group: fill group 0, row by row
-                    self.process([it])
+                    self.process(self.batch, [it])
                 start = time.perf_counter()
                 self.finish(advance=False)
                 if rep:  # the first call compiles

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
-from thundersync_jax.sim.bench._gc import collector_paused
-from thundersync_jax.sim.bench._learner import BenchLearner, CalibrationSamples
+from thundersync_jax.bench.schedules._gc import collector_paused
+from thundersync_jax.bench.schedules._learner import BenchLearner, CalibrationSamples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +86,10 @@ def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, 
 
     feeder = threading.Thread(target=feed, name="trace-replay", daemon=True)
     feeder.start()
-    stats = run_learner_batch(
+    _, stats = run_learner_batch(
         planner,
         arrivals,
+        learner.batch,
         learner.process,
         clock=clock,
         on_chunk=lambda c, s, e: chunk_log.append((len(c), max(it.num_tokens for it in c), s, e)),

@@ -1,4 +1,4 @@
-"""The trainer's learner path (planner → packed score-gradient chunks → accumulator) is exact.
+"""GRPO's learner path (planner → packed score-gradient chunks → accumulator) is exact.
 
 Every schedule, fed the same trajectories in a random arrival order, must give
 the float64 batch-synchronous update computed from one-trajectory gradients.
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from thundersync_jax import accumulators
+from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks
 from thundersync_jax.rollout.staleness import StalePolicyError
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 
@@ -47,17 +47,16 @@ def setup(tiny_policy):
     return params, score_fn, trajs
 
 
-def _run(schedule, params, score_fn, trajs, order, loss_agg):
+def _run(schedule, params, score_fn, trajs, order, loss_agg, max_items=None):
     acc = accumulators.grpo(num_groups=K, group_size=G, loss_agg=loss_agg, max_len=32)
-    learner = GrpoLearner(acc, score_fn, pad_id=0)
-    learner.begin(params, version=0)
+    learner = grpo.batch_learner(acc, score_fn, pad_id=0)
     q: queue.Queue = queue.Queue()
     for t, (k, m) in enumerate(order):
         tr = trajs[(k, m)]
         q.put(WorkItem(f"g{k}m{m}", k, tr.reward, int(tr.loss_mask.sum()), float(t), payload=tr))
-    planner = Planner(schedule, K, G, max_chunk_tokens=64)
-    run_learner_batch(planner, q, learner.process)
-    return learner.finalize()
+    planner = Planner(schedule, K, G, max_chunk_tokens=64, max_chunk_items=max_items)
+    state, _ = run_learner_batch(planner, q, learner.init(params, 0), learner.process)
+    return learner.finalize(state), learner.metrics(state)
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean"])
@@ -70,21 +69,44 @@ def test_every_schedule_matches_synchronous_reference(setup, loss_agg):
     want = accumulators.reference.grpo_gradient(ref_in, loss_agg=loss_agg, max_len=32)
     rng = np.random.default_rng(0)
     keys = sorted(trajs)
-    for schedule in ("sync", "group", "stream"):
+    for schedule in ("sync", "group", "stream", "async"):
         order = [keys[i] for i in rng.permutation(len(keys))]
-        got = _run(schedule, params, score_fn, trajs, order, loss_agg)
+        got, metrics = _run(schedule, params, score_fn, trajs, order, loss_agg)
         err = accumulators.reference.relative_error(got, want)
         assert err < 1e-5, (schedule, err)
+        assert metrics["mixed_groups"] == 2  # group 1's rewards tie
+        assert metrics["reward_mean"] == pytest.approx(np.mean([t.reward for t in trajs.values()]))
+        assert metrics["max_policy_lag"] == metrics["mean_policy_lag"] == 0
+
+
+def test_one_item_chunks_under_deterministic(setup):
+    """rl.deterministic: every call holds one trajectory, and the update is the same."""
+    params, score_fn, trajs = setup
+    keys = sorted(trajs)
+    want, _ = _run("sync", params, score_fn, trajs, keys, "seq-mean-token-mean")
+    rows = []
+
+    def counting(p, tokens, *args, **kwargs):
+        rows.append(len(tokens))
+        return score_fn(p, tokens, *args, **kwargs)
+
+    counting.compiles = 0
+    got, _ = _run("stream", params, counting, trajs, keys, "seq-mean-token-mean", 1)
+    assert rows == [1] * len(keys)
+    assert accumulators.reference.relative_error(got, want) < 1e-5
 
 
 def test_stale_trajectory_is_rejected(setup):
     params, score_fn, trajs = setup
     acc = accumulators.grpo(num_groups=K, group_size=G)
-    learner = GrpoLearner(acc, score_fn, pad_id=0)
-    learner.begin(params, version=3)
+    learner = grpo.batch_learner(acc, score_fn, pad_id=0)
     tr = trajs[(0, 0)]
+    item = WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)
     with pytest.raises(StalePolicyError, match="version 0 but the learner is at version 3"):
-        learner.process([WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)])
+        learner.process(learner.init(params, 3), [item])
+    # async does not enforce the version: it records the lag instead
+    state = learner.process(learner.init(params, 3, enforce_version=False), [item])
+    assert learner.metrics(state)["max_policy_lag"] == 3
 
 
 def test_lost_member_closes_its_group_short(setup):
@@ -100,14 +122,14 @@ def test_lost_member_closes_its_group_short(setup):
         ref_in.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
     want = accumulators.reference.grpo_gradient(ref_in)
     acc = accumulators.grpo(num_groups=K, group_size=G)
-    learner = GrpoLearner(acc, score_fn, pad_id=0)
-    learner.begin(params, version=0)
+    learner = grpo.batch_learner(acc, score_fn, pad_id=0)
     q: queue.Queue = queue.Queue()
     for t, ((k, m), tr) in enumerate(sorted(kept.items())):
         q.put(WorkItem(f"g{k}m{m}", k, tr.reward, int(tr.loss_mask.sum()), float(t), payload=tr))
     q.put(MemberFailed(group=lost[0], reason="engine gave up"))
-    stats = run_learner_batch(Planner("stream", K, G, max_chunk_tokens=64), q, learner.process)
+    planner = Planner("stream", K, G, max_chunk_tokens=64)
+    state, stats = run_learner_batch(planner, q, learner.init(params, 0), learner.process)
     assert stats.failed_groups == {lost[0]}
-    learner.close_short_groups(stats.failed_groups)
-    err = accumulators.reference.relative_error(learner.finalize(), want)
+    state = learner.close_groups(state, stats.failed_groups)
+    err = accumulators.reference.relative_error(learner.finalize(state), want)
     assert err < 1e-5, err

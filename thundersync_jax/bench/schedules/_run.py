@@ -30,15 +30,15 @@ import numpy as np
 
 from thundersync_jax import sim
 from thundersync_jax.sim._cost import CostModel
-from thundersync_jax.sim.bench import _workload as workload
-from thundersync_jax.sim.bench._gc import frozen_heap
-from thundersync_jax.sim.bench._learner import (
+from thundersync_jax.bench.schedules import _workload as workload
+from thundersync_jax.bench.schedules._gc import frozen_heap
+from thundersync_jax.bench.schedules._learner import (
     BenchLearner,
     CalibrationSamples,
     fit_cost,
     learner_from_config,
 )
-from thundersync_jax.sim.bench._replay import RoundResult, calibration_pass, replay_step
+from thundersync_jax.bench.schedules._replay import RoundResult, calibration_pass, replay_step
 
 log = logging.getLogger(__name__)
 

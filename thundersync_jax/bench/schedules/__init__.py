@@ -1,6 +1,6 @@
 """Schedule benchmark: a recorded or synthetic trace replayed onto the real learner.
 
-    from thundersync_jax.sim import bench
+    from thundersync_jax.bench import schedules as bench
     result = bench.run_benchmark(config, workdir)      # configs/bench_cpu.py; writes bench.json
     points = bench.run_sweep(config, workdir)          # the `sweep` variant's grid
 
@@ -14,10 +14,10 @@ passes run with the cyclic garbage collector off (`_gc.py`). Kept out of
 `thundersync_jax.sim` so the simulator itself imports no JAX.
 """
 
-from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
-from thundersync_jax.sim.bench._replay import RoundResult, replay_step
-from thundersync_jax.sim.bench._run import BENCH_FILE, MEASURED, format_table, run_benchmark
-from thundersync_jax.sim.bench._sweep import run_sweep, sweep_plot, sweep_table
+from thundersync_jax.bench.schedules._learner import BenchLearner, learner_from_config
+from thundersync_jax.bench.schedules._replay import RoundResult, replay_step
+from thundersync_jax.bench.schedules._run import BENCH_FILE, MEASURED, format_table, run_benchmark
+from thundersync_jax.bench.schedules._sweep import run_sweep, sweep_plot, sweep_table
 
 __all__ = [
     "BENCH_FILE",

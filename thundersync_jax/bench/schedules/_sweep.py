@@ -14,8 +14,8 @@ import time
 
 import ml_collections
 
-from thundersync_jax.sim.bench._learner import BenchLearner, learner_from_config
-from thundersync_jax.sim.bench._run import run_benchmark
+from thundersync_jax.bench.schedules._learner import BenchLearner, learner_from_config
+from thundersync_jax.bench.schedules._run import run_benchmark
 
 SWEEP_FILES = ("sweep.json", "sweep.md", "sweep.png")
 

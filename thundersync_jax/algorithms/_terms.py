@@ -1,0 +1,79 @@
+"""Shared by every algorithm: the score-gradient function and the regularizer terms of a config.
+
+`rl.kl_coef` (KL to the frozen warm start) and `rl.entropy_coef` (entropy bonus) work the same
+way for GRPO and OPD: the accumulator is combined with the enabled terms
+(`accumulators.combine`) and each chunk's term gradients go into its global tally.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from thundersync_jax.algorithms.base import LearnerSetup
+from thundersync_jax.learner import chunks, regularizers
+
+
+def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
+    """The policy's jitted score-gradient chunk function for the run's config."""
+    c = setup.config
+    return chunks.make_score_grad_fn(
+        setup.graphdef,
+        tuple(c.learner.seq_buckets),
+        remat=bool(c.model.remat),
+        lora=setup.lora,
+        pad_id=setup.pad_id,
+        temperature=float(c.rollout.temperature),  # log-probs of what the engine sampled
+    )
+
+
+def with_regularizers(acc, setup: LearnerSetup):
+    """(accumulator, RegularizerGradFn or None): `acc` combined with the config's terms."""
+    c = setup.config
+    coefs = regularizers.term_coefficients(c.rl)  # also rejects a bad kl_estimator
+    if not coefs:
+        return acc, None
+    fn = regularizers.RegularizerGradFn(
+        setup.graphdef,
+        tuple(coefs),
+        reference_params=setup.reference_params,
+        kl_estimator=c.rl.kl_estimator,
+        seq_buckets=tuple(c.learner.seq_buckets),
+        lora_adapters=setup.lora,
+        pad_id=setup.pad_id,
+        temperature=float(c.rollout.temperature),
+    )
+    return regularizers.combined_accumulator(acc, coefs), fn
+
+
+class TermAdder:
+    """Adds a chunk's regularizer gradients into a combined accumulator's global tallies."""
+
+    def __init__(self, acc, regularizer_fn):
+        self.fn = regularizer_fn
+        if regularizer_fn is None:
+            return
+        have = sorted(getattr(acc, "terms", ()))
+        if sorted(regularizer_fn.terms) != have:
+            raise ValueError(
+                f"regularizer terms {regularizer_fn.terms} need an accumulator combined with "
+                f"the same terms (accumulators.combine), got {have}"
+            )
+        # A chunk's term gradient arrives already weighted row by row (Σ_i w_i g_i); it is
+        # added with num_tokens=1, whose loss weight must then be 1 (all built-in modes).
+        if float(acc.policy.loss_weight(1)) != 1.0:
+            raise ValueError("regularizers need a loss_agg mode whose weight at 1 token is 1")
+        self._add_term = jax.jit(acc.add_term, static_argnums=1, donate_argnums=0)
+
+    def __call__(self, acc_state, params, base_params, tokens, mask, weights) -> Any:
+        if self.fn is None:
+            return acc_state
+        terms = self.fn(params, tokens, mask, weights, base_params=base_params)
+        for name, grad in terms.items():
+            acc_state = self._add_term(acc_state, name, grad, 1)
+        return acc_state
+
+    @property
+    def compiles(self) -> int:
+        return 0 if self.fn is None else int(self.fn.compiles)

@@ -1,0 +1,174 @@
+"""What the training loop needs from an algorithm, and the per-batch state every one shares.
+
+An `Algorithm` is a NamedTuple of functions (optax style): its config check, the services it
+runs beside the student's engines (OPD's teacher), how an episode becomes learner work
+(`schedule.episodes.EpisodeWork`), and a factory for its `BatchLearner`: the learner pass
+over a chunk as pure functions of an immutable per-batch state,
+
+    state = learner.init(params, version, base_params)
+    state = learner.process(state, chunk)          # for every chunk the planner hands out
+    state = learner.close_groups(state, failed)    # groups that lost members for good
+    grads = learner.finalize(state)                # ∇L, shaped like the trainable params
+    learner.metrics(state)                         # the step's algorithm metrics
+
+The loop never reads a learner attribute back; everything a step reports comes from the
+state it threaded through.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from thundersync_jax.rollout.staleness import check_version
+
+
+class BatchPolicy(NamedTuple):
+    """The policy a batch is trained at (fixed for the batch).
+
+    Attributes:
+      params: the trainable params (full params, or LoRA adapters).
+      base_params: the frozen full params under LoRA adapters, else None.
+      version: the policy version of `params` (= the train state's step).
+      enforce_version: refuse items sampled by another version (every schedule but async).
+    """
+
+    params: Any
+    base_params: Any
+    version: int
+    enforce_version: bool
+
+
+class BatchTally(NamedTuple):
+    """What every algorithm counts over one batch (plain Python values).
+
+    Attributes:
+      tokens: loss-masked tokens folded in.
+      rewards: (group, reward) of every finished member.
+      lags: per learner item (GRPO trajectory, OPD turn): learner version − the oldest
+        version that sampled it.
+      verifier_failures: "item: reason" for rewards a failed verifier set.
+    """
+
+    tokens: int = 0
+    rewards: tuple[tuple[int, float], ...] = ()
+    lags: tuple[int, ...] = ()
+    verifier_failures: tuple[str, ...] = ()
+
+    def add(self, *, tokens=0, rewards=(), lags=(), verifier_failures=()) -> BatchTally:
+        return BatchTally(
+            self.tokens + int(tokens),
+            self.rewards + tuple(rewards),
+            self.lags + tuple(lags),
+            self.verifier_failures + tuple(verifier_failures),
+        )
+
+
+class MemberEnd(NamedTuple):
+    """Payload of an item that only closes a member (OPD): its reward and verifier failure.
+
+    Attributes:
+      reward: the episode's reward.
+      verifier_failure: "reason: error" when a failed verifier set the reward, else None.
+    """
+
+    reward: float
+    verifier_failure: str | None
+
+
+def verifier_failure(traj) -> str | None:
+    """ "reason: error" when the trajectory's reward came from a verifier that failed."""
+    verdict = getattr(traj, "verifier", None)
+    if verdict is None or verdict.error is None:
+        return None
+    return f"{verdict.reason}: {verdict.error}"
+
+
+def item_lag(policy: BatchPolicy, versions: Iterable[int], what: str) -> int:
+    """Learner version − the oldest sampling version; refuses any lag if versions are enforced."""
+    versions = [int(v) for v in versions]
+    if policy.enforce_version:
+        for v in versions:
+            check_version(v, policy.version, what=what)
+    return max((policy.version - v for v in versions), default=0)
+
+
+def tally_metrics(t: BatchTally) -> dict:
+    """The per-step metrics of a batch's tally (DESIGN §6 names plus mixed_groups)."""
+    rewards = sorted(r for _, r in t.rewards)  # sorted: the mean must not depend on arrival order
+    by_group: dict[int, set[float]] = defaultdict(set)
+    for g, r in t.rewards:
+        by_group[g].add(r)
+    return dict(
+        reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+        mixed_groups=sum(len(rs) > 1 for rs in by_group.values()),
+        tokens=int(t.tokens),
+        max_policy_lag=max(t.lags, default=0),
+        mean_policy_lag=float(np.mean(t.lags)) if t.lags else 0.0,
+        verifier_failures=len(t.verifier_failures),
+    )
+
+
+class BatchLearner(NamedTuple):
+    """One batch's learner work as pure functions of an immutable state (see module doc).
+
+    Attributes:
+      init: (params, version, base_params=None, enforce_version=True) -> state.
+      process: (state, chunk) -> state; returns once the chunk's work is done.
+      close_groups: (state, groups) -> state.
+      finalize: state -> ∇L (float32, shaped like the trainable params).
+      metrics: state -> {metric: value} of the batch.
+      compiles: () -> compilations of this learner's jitted functions so far.
+      accumulator_state: state -> the accumulator's arrays (for `accum_bytes_peak`).
+    """
+
+    init: Callable
+    process: Callable
+    close_groups: Callable
+    finalize: Callable
+    metrics: Callable
+    compiles: Callable[[], int]
+    accumulator_state: Callable
+
+
+class LearnerSetup(NamedTuple):
+    """What an algorithm builds its learner from.
+
+    Attributes:
+      config: the run config.
+      graphdef: the policy's model structure (`nnx.split(model, nnx.Param)[0]`).
+      reference_params: the frozen warm start's full params (KL reference, LoRA base).
+      lora: whether the trainable params are LoRA adapters.
+      pad_id: the tokenizer's padding id.
+    """
+
+    config: Any
+    graphdef: Any
+    reference_params: Any
+    lora: bool
+    pad_id: int
+
+
+class Algorithm(NamedTuple):
+    """An algorithm behind the one training loop.
+
+    Attributes:
+      name: the `rl.algorithm` value.
+      check_config: config -> None; raises ConfigError naming a bad value.
+      make_learner: LearnerSetup -> BatchLearner.
+      start_services: (config, student_model_cfg, examples, workdir) -> a service with
+        `close()` that runs beside the engines (OPD's teacher), or None; `examples()` gives
+        the task family's demonstrations.
+      episode_work: (services, timeline) -> `schedule.episodes.EpisodeWork`.
+      max_chunk_tokens: config -> the token budget of one learner chunk.
+    """
+
+    name: str
+    check_config: Callable
+    make_learner: Callable
+    start_services: Callable
+    episode_work: Callable
+    max_chunk_tokens: Callable

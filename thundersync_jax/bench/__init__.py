@@ -1,0 +1,9 @@
+"""Benchmarks that run real work (DESIGN §4), above the training loop's layers.
+
+  schedules  a recorded or synthetic trace replayed onto the real learner, every schedule,
+             against the trace-driven model's prediction (`experiments.bench_schedules`)
+  chunks     score-gradient chunk cost per shape (`experiments.bench_chunks`)
+  publish    weight publication: snapshot write, engine load (`experiments.bench_publish`)
+
+`thundersync_jax.sim` stays the pure trace-driven model (no JAX learner inside).
+"""

@@ -1,0 +1,263 @@
+"""The one training loop: every algorithm, schedule and task family.
+
+    from thundersync_jax import train
+    summary = train.run(config, workdir)        # the last step's metrics
+
+Three independent choices: `rl.algorithm` (`algorithms.get`: GRPO, OPD), `schedule`
+(`schedule.schedules.get`: sync, group, stream, async) and `env.family`
+(`envs.task_families.get`: mini_swe, swe_jsonl, terminal).
+
+Per step: every episode of the batch starts at once on the engines (policy version v);
+the algorithm turns episodes into learner items as they appear (GRPO: finished
+trajectories; OPD: teacher-scored turns); the planner, asking the schedule, decides when
+each chunk runs; the algorithm's learner folds it into its accumulator, its per-batch state
+threaded through pure functions. When the batch closes: finalize, one optimizer step,
+publication (Orbax snapshot in shared memory), acknowledged by every engine before the next
+batch starts. Under `async` the next batch's episodes run on policy v while the learner
+trains on the previous batch, and they all end before v+1 is published, so each
+trajectory is sampled by one policy (lag 1). Checkpoints, metrics, timelines and arrival
+traces land in the workdir; rerunning the same command resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+
+from thundersync_jax import algorithms, metrics
+from thundersync_jax.algorithms.base import MemberEnd
+from thundersync_jax.envs import agent_loop, task_families
+from thundersync_jax.learner.checkpoint import Checkpointer
+from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
+from thundersync_jax.schedule import components, episodes, schedules
+from thundersync_jax.schedule.config_check import ConfigError, check_config
+from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.lora_policy import check_lora_config
+from thundersync_jax.schedule.planner import Planner
+from thundersync_jax.schedule.setup import build_policy, export_final, start_engines
+
+log = logging.getLogger(__name__)
+
+
+def check(config, entry_algorithm: str | None = None):
+    """Every start-up check; returns (algorithm, schedule, task family). Raises ConfigError."""
+    check_config(config)
+    check_lora_config(config)
+    try:
+        algo = algorithms.get(config.rl.algorithm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if entry_algorithm is not None and algo.name != entry_algorithm:
+        raise ConfigError(
+            f"rl.algorithm={algo.name!r} but this entry point runs {entry_algorithm!r}: use "
+            f"the {algo.name} entry point (experiments.swe_grpo for grpo, "
+            "experiments.terminal_opd for opd) or set --config.rl.algorithm accordingly"
+        )
+    algo.check_config(config)
+    return algo, schedules.get(config.schedule), task_families.get(config.env.family)
+
+
+@dataclasses.dataclass
+class _Run:
+    """The fixed pieces of one training run (built once, read by every step)."""
+
+    config: Any
+    workdir: str
+    algo: algorithms.Algorithm
+    schedule: schedules.Schedule
+    tasks: list
+    tok: Any
+    fleet: components.EngineFleet
+    services: Any
+    learner: algorithms.BatchLearner
+    policy: Any
+    apply_update: Any
+
+    def launch(self, step: int) -> episodes.BatchRollouts:
+        """Starts every episode of `step` on the engines' current policy."""
+        c = self.config
+        timeline = metrics.Timeline(schedule=self.schedule.name)
+        return episodes.launch_batch(
+            step=step,
+            seed=int(c.seed),
+            num_groups=int(c.rl.num_groups),
+            group_size=int(c.rl.group_size),
+            make_env=task_families.env_factory(c, self.tasks, self.workdir, step),
+            sampler=self.fleet.sampler,
+            tok=self.tok,
+            limits=agent_loop.LoopLimits.from_config(c.rollout),
+            work=self.algo.episode_work(self.services, timeline),
+            timeline=timeline,
+            max_concurrency=int(c.rollout.max_batch),
+        )
+
+    def publish(self, trainable, version: int) -> None:
+        """Sends the policy for `trainable` to every engine (merged or adapters under LoRA)."""
+        if not self.policy.is_lora:
+            self.fleet.publish(trainable, version)
+            return
+        tree = self.policy.publishable(trainable)
+        kind = self.policy.publish_kind
+        self.fleet.manager.publish(tree, int(version), self.fleet.root, kind=kind)
+
+
+def _prepare_workdir(config, workdir: str) -> str:
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    components.configure_logging(workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    return workdir
+
+
+def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
+    """Runs (or resumes) training; returns the last step's metrics ({} if nothing to train).
+
+    Args:
+      config: a configs/*.py ConfigDict.
+      workdir: output directory; an existing one resumes from its newest checkpoint.
+      entry_algorithm: the algorithm the calling entry point is for; a config asking for
+        another is a ConfigError (None: whatever `rl.algorithm` says).
+    """
+    algo, schedule, family = check(config, entry_algorithm)
+    workdir = _prepare_workdir(config, workdir)
+    built = build_policy(config, family, workdir)
+    ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
+    state = built.state
+    restored = ckpt.restore_latest(state)
+    if restored is not None:
+        state = restored
+        log.info("resumed from checkpoint at step %d", int(state.step))
+    first_step = int(state.step)
+    components.trim_metrics(workdir, first_step)
+    if first_step >= config.num_steps:
+        path = export_final(built.graphdef, built.policy.full_params(state.params), workdir)
+        log.info("nothing to train (step %d of %d); final policy at %s", first_step,
+                 config.num_steps, path)  # fmt: skip
+        ckpt.close()
+        return {}
+
+    learner = algo.make_learner(
+        algorithms.LearnerSetup(
+            config, built.graphdef, built.reference_params, built.policy.is_lora, built.tok.pad_id
+        )
+    )
+    writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
+    progress = metrics.StepProgress(
+        config.num_steps, desc=f"{algo.name}/{schedule.name}", initial=first_step
+    )
+    fleet = services = None
+    last: dict = {}
+    try:
+        fleet, services = start_engines(config, workdir, built, algo)
+        run_ = _Run(
+            config=config,
+            workdir=workdir,
+            algo=algo,
+            schedule=schedule,
+            tasks=built.tasks,
+            tok=built.tok,
+            fleet=fleet,
+            services=services,
+            learner=learner,
+            policy=built.policy,
+            apply_update=make_apply_update(
+                built.optimizer, skip_zero_grad=bool(config.optim.skip_zero_grad)
+            ),
+        )
+        fleet.drop_versions_from(first_step)
+        run_.publish(state.params, first_step)
+        pending = None  # pipelined schedules: the next batch's rollouts, already running
+        for step in range(first_step, config.num_steps):
+            state, pending, last = _train_step(run_, step, state, pending)
+            writer.write(step, last)
+            progress.update(last)
+            every = int(config.checkpoint.every)
+            if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
+                ckpt.save(state)
+        export_final(built.graphdef, built.policy.full_params(state.params), workdir)
+    finally:
+        progress.close()
+        writer.close()
+        for closable in (services, fleet):
+            if closable is not None:
+                closable.close()
+        ckpt.close()
+    return last
+
+
+def _train_step(run: _Run, step: int, state, pending):
+    """One batch: rollouts, learner work, optimizer step, publication.
+
+    Returns (new state, the next batch's rollouts if pipelined else None, the step's metrics).
+    """
+    config, rl, schedule = run.config, run.config.rl, run.schedule
+    version = int(state.step)
+    compiles_before = run.learner.compiles()
+    current = pending or run.launch(step)
+    nxt = None
+    if schedule.pipelined and step + 1 < config.num_steps:
+        nxt = run.launch(step + 1)  # sampled by policy `version` while this batch trains
+    timeline = current.timeline
+    planner = Planner(
+        schedule,
+        int(rl.num_groups),
+        int(rl.group_size),
+        run.algo.max_chunk_tokens(config),
+        rl.max_open_groups or None,
+        max_chunk_items=1 if rl.deterministic else None,
+    )
+
+    def on_chunk(chunk, start, end):
+        ids = [it.item_id for it in chunk if not isinstance(it.payload, MemberEnd)]
+        if ids:  # member-closing items alone are no learner work
+            tokens = sum(it.num_tokens for it in chunk)
+            timeline.record(metrics.CHUNK, start, end, group=chunk[0].group, ids=ids, tokens=tokens)
+
+    batch = run.learner.init(
+        state.params, version, run.policy.base, enforce_version=schedule.enforces_version
+    )
+    batch, stats = run_learner_batch(
+        planner,
+        current.queue,
+        batch,
+        run.learner.process,
+        on_chunk=on_chunk,
+        timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
+    )
+    current.thread.join()
+
+    with timeline.span(metrics.OPT):
+        batch = run.learner.close_groups(batch, stats.failed_groups)
+        grads = run.learner.finalize(batch)
+        new_state, applied, grad_norm = run.apply_update(state, grads)
+        jax.block_until_ready(new_state.params)
+    if not bool(applied):
+        log_skipped_update(log, step, grad_norm)
+    if nxt is not None:
+        # Honest async: every episode of step n+1 ends on policy n before n+1 is published.
+        nxt.thread.join()
+    with timeline.span(metrics.PUBLISH):
+        run.publish(new_state.params, int(new_state.step))
+
+    out = metrics.step_metrics(timeline)
+    out.update(run.learner.metrics(batch))
+    for failure in batch.tally.verifier_failures:
+        log.warning("step %d: verifier failed for %s", step, failure)
+    out.update(
+        step=step,
+        open_groups_peak=int(planner.open_groups_peak),
+        accum_bytes_peak=int(components.tree_bytes(run.learner.accumulator_state(batch))),
+        compiles=int(run.learner.compiles() - compiles_before),
+        grad_norm=float(grad_norm),
+        update_skipped=not bool(applied),
+        rollout_failures=len(stats.failures),
+    )
+    components.save_step_artifacts(config, run.workdir, step, timeline)
+    log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
+    return new_state, nxt, out
