@@ -55,3 +55,31 @@ def random_qwen3():
         return qwen3.from_hf_state_dict(cfg, qwen3.random_state_dict(cfg, seed), **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """Factory: `make(seed, num_hidden_layers=1)` -> (cfg, graphdef, params) of a random policy.
+
+    Small enough to compile in seconds, with 3 query heads over 1 kv head (GQA exercised);
+    shared by the learner, algorithm and schedule tests.
+    """
+    from flax import nnx
+
+    from thundersync_jax.models import qwen3
+
+    def make(seed: int, num_hidden_layers: int = 1):
+        cfg = qwen3.Qwen3Config(
+            vocab_size=53,
+            hidden_size=24,
+            intermediate_size=40,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=8,
+            tie_word_embeddings=True,
+        )
+        graphdef, params = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), nnx.Param)
+        return cfg, graphdef, params
+
+    return make

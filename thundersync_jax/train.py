@@ -32,6 +32,7 @@ import jax
 from thundersync_jax import algorithms, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import agent_loop, task_families
+from thundersync_jax.learner import regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.schedule import components, episodes, schedules
@@ -59,6 +60,10 @@ def check(config, entry_algorithm: str | None = None):
             "experiments.terminal_opd for opd) or set --config.rl.algorithm accordingly"
         )
     algo.check_config(config)
+    try:
+        regularizers.term_coefficients(config.rl)  # rejects a bad kl_estimator
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return algo, schedules.get(config.schedule), task_families.get(config.env.family)
 
 

@@ -1,4 +1,4 @@
-"""Fault tolerance of the real trainer (engine process, sandboxed tools, pytest verifiers).
+"""Fault tolerance of the real training loop (engine process, sandboxed tools, pytest verifiers).
 
 (a) an engine SIGKILLed in the middle of a batch is restarted and its in-flight requests
     retried with the same keys: the run ends at the same parameters and rewards as an
@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 from configs import cpu
+from thundersync_jax import algorithms, train
 from thundersync_jax.envs.swe import instance as swe_instance
 from thundersync_jax.envs.swe import mini_swe
 from thundersync_jax.metrics import read_metrics
-from thundersync_jax.schedule import components, trainer
+from thundersync_jax.schedule import components
 from thundersync_jax.schedule.config_check import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,7 +124,7 @@ def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch):
     # The supervised warm start is not bitwise reproducible across runs (its demonstrations
     # hold tool output), so it is trained once and both runs load it as a checkpoint.
     init = str(base / "init")
-    trainer.train(_config(base, steps=0), init)  # warm start only, exported to init/final
+    train.run(_config(base, steps=0), init)  # warm start only, exported to init/final
 
     def config():
         c = _config(base)
@@ -136,13 +136,13 @@ def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch):
     # Both runs use the same workdir path (the first is moved aside), so episode paths in
     # tool output, hence prompts, are identical and only the kill differs.
     killed = str(base / "run")
-    trainer.train(config(), killed)
+    train.run(config(), killed)
     clean = str(base / "clean")
     _detach_log_file(killed)  # its train.log moves with the first run
     shutil.move(killed, clean)
     killer = _EngineKiller()
     monkeypatch.setattr(components, "EngineFleet", killer.fleet_class())
-    trainer.train(config(), killed)
+    train.run(config(), killed)
     assert killer.inflight_at_kill > 0  # the kill hit a batch in progress
     assert killer.new_pid not in (None, killer.killed_pid)  # the manager restarted it
     want, got = _final(clean), _final(killed)
@@ -185,13 +185,17 @@ def _faulty_config(base, steps):
 @pytest.mark.slow
 def test_verifier_crash_and_nan_gradient_then_resume(base, monkeypatch):
     init = str(base / "faulty-init")
-    trainer.train(_faulty_config(base, steps=0), init)  # exports the initial policy only
+    train.run(_faulty_config(base, steps=0), init)  # exports the initial policy only
     work = str(base / "faulty")
-    finalize = GrpoLearner.finalize
-    monkeypatch.setattr(
-        GrpoLearner, "finalize", lambda self: jax.tree.map(lambda g: g * jnp.nan, finalize(self))
-    )
-    trainer.train(_faulty_config(base, steps=1), work)
+    grpo = algorithms.ALGORITHMS["grpo"]
+
+    def nan_learner(setup):
+        learner = grpo.make_learner(setup)
+        nan = lambda state: jax.tree.map(lambda g: g * jnp.nan, learner.finalize(state))  # noqa: E731
+        return learner._replace(finalize=nan)
+
+    monkeypatch.setitem(algorithms.ALGORITHMS, "grpo", grpo._replace(make_learner=nan_learner))
+    train.run(_faulty_config(base, steps=1), work)
     monkeypatch.undo()
     log = _read(os.path.join(work, "train.log"))
     # (c) the NaN step is skipped, loudly, and leaves the policy where it was.
@@ -205,7 +209,7 @@ def test_verifier_crash_and_nan_gradient_then_resume(base, monkeypatch):
     assert "verifier failed for g1m" in log and "exception" in log
     assert m0["verifier_failures"] >= 1
     # (c) the checkpoint written after the skipped step resumes into a normal step.
-    trainer.train(_faulty_config(base, steps=2), work)
+    train.run(_faulty_config(base, steps=2), work)
     log = _read(os.path.join(work, "train.log"))
     assert "resumed from checkpoint at step 1" in log
     m = _metrics(work)
@@ -233,7 +237,7 @@ def test_invalid_config_fails_before_any_work(tmp_path, key, value, message):
     c.lora.publish = value if key == "lora.publish" else "merged"
     work = tmp_path / "run"
     with pytest.raises((ConfigError, ValueError)) as err:
-        trainer.train(c, str(work))
+        train.run(c, str(work))
     assert message in str(err.value)
     assert not work.exists()  # nothing was written, no engine was started
 

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
 from configs.common import get_base_config
-from thundersync_jax import accumulators, losses
+from thundersync_jax import accumulators
+from thundersync_jax.algorithms import grpo, losses
 from thundersync_jax.learner import chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import lora
@@ -68,33 +68,34 @@ def _one_step(graphdef, params, trajs, config):
     policy = lora_policy.make_policy(config, params)
     acc = accumulators.grpo(num_groups=K, group_size=G)
     score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(8, 16, 32), lora=True)
-    learner = GrpoLearner(acc, score_fn, pad_id=0)
-    learner.begin(policy.trainable, 0, base_params=policy.base)
+    learner = grpo.batch_learner(acc, score_fn, pad_id=0)
+    batch = learner.init(policy.trainable, 0, base_params=policy.base)
     q: queue.Queue = queue.Queue()
     for i, (k, m) in enumerate(sorted(trajs)):
         t = trajs[(k, m)]
         q.put(WorkItem(f"g{k}m{m}", k, t.reward, int(t.loss_mask.sum()), float(i), payload=t))
-    run_learner_batch(Planner("stream", K, G, max_chunk_tokens=64), q, learner.process)
+    planner = Planner("stream", K, G, max_chunk_tokens=64)
+    batch, _ = run_learner_batch(planner, q, batch, learner.process)
     optimizer = make_optimizer(config.optim)
     state = init_train_state(policy.trainable, optimizer, 0)
-    grads = learner.finalize()
+    grads = learner.finalize(batch)
     new_state, finite, _ = make_apply_update(optimizer)(state, grads)
     assert bool(finite)
-    return policy, learner, state, grads, new_state
+    return policy, batch, state, grads, new_state
 
 
 def test_one_lora_step_changes_only_adapters(setup):
     graphdef, params, trajs = setup
-    policy, learner, state, grads, new_state = _one_step(graphdef, params, trajs, _config())
+    policy, batch, state, grads, new_state = _one_step(graphdef, params, trajs, _config())
     adapters_tree = jax.tree.structure(policy.trainable)
     # Train state, tallies and optimizer state cover the adapters only.
     assert isinstance(new_state.params, lora.Adapters)
-    assert jax.tree.structure(learner.state.total) == adapters_tree
+    assert jax.tree.structure(batch.acc.total) == adapters_tree
     assert jax.tree.structure(grads) == adapters_tree
     n_adapter = lora.num_params(policy.trainable)
     n_full = sum(x.size for x in jax.tree.leaves(params))
     assert n_adapter < n_full
-    tally_size = sum(x.size for x in jax.tree.leaves(learner.state.total))
+    tally_size = sum(x.size for x in jax.tree.leaves(batch.acc.total))
     assert tally_size == n_adapter
     opt_size = sum(x.size for x in jax.tree.leaves(new_state.opt_state) if x.ndim > 0)
     assert opt_size == 2 * n_adapter  # AdamW: first and second moments

@@ -96,8 +96,12 @@ def test_learner_loop_streams_while_rollouts_run():
         starts: list = []
         th = threading.Thread(target=produce)
         th.start()
-        stats = run_learner_batch(
-            p, q, processed.extend, on_chunk=lambda c, s, e, st=starts: st.append(s)
+        _, stats = run_learner_batch(
+            p,
+            q,
+            None,
+            lambda state, chunk, out=processed: out.extend(chunk),
+            on_chunk=lambda c, s, e, st=starts: st.append(s),
         )
         th.join()
         assert sorted(it.item_id for it in processed) == ["g0m0", "g0m1", "g1m0"]

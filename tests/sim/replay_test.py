@@ -39,7 +39,8 @@ def replay_wall_clock(trace, schedule, cost, max_chunk_tokens):
     learner_loop.run_learner_batch(
         planner,
         arrivals,
-        lambda chunk: time.sleep(cost.chunk_s(sum(it.num_tokens for it in chunk))),
+        None,
+        lambda state, chunk: time.sleep(cost.chunk_s(sum(it.num_tokens for it in chunk))),
         clock=clock,
         timeout_s=30.0,
     )

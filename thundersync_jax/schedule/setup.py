@@ -21,8 +21,7 @@ from flax import nnx
 from thundersync_jax.learner import sft
 from thundersync_jax.learner.train_state import TrainState, init_train_state, make_optimizer
 from thundersync_jax.models import qwen3, tokenizer
-from thundersync_jax.schedule import lora_policy
-from thundersync_jax.schedule.components import EngineFleet
+from thundersync_jax.schedule import components, lora_policy
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +87,10 @@ def export_final(graphdef, params, workdir: str) -> str:
     return path
 
 
-def start_engines(config, workdir: str, built: BuiltPolicy, algo) -> tuple[EngineFleet, Any]:
+def start_engines(config, workdir: str, built: BuiltPolicy, algo) -> tuple[Any, Any]:
     """The student's engine fleet and the algorithm's services, started side by side."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        fleet_f = pool.submit(EngineFleet, config, workdir, built.tok, built.model_cfg)
+        fleet_f = pool.submit(components.EngineFleet, config, workdir, built.tok, built.model_cfg)
         try:
             services = algo.start_services(config, built.model_cfg, built.examples, workdir)
         except BaseException:

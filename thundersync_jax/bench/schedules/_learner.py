@@ -1,8 +1,8 @@
 """The benchmark's learner: the training run's real learner pieces, timed.
 
 A tiny Qwen3 policy, `learner.chunks` score-gradient chunks, the streaming GRPO
-accumulator through the training loop's own `algorithms.grpo` batch learner, and a real optax step from
-`learner.train_state`. Chunks block until their result is on hand, so a chunk's
+accumulator through the training loop's own `algorithms.grpo` batch learner, and a
+real optax step from `learner.train_state`. Chunks block until their result is on hand, so a chunk's
 measured time is its compute, and the planner's next decision sees every
 arrival up to then (what the simulator assumes).
 """
@@ -20,14 +20,14 @@ import numpy as np
 from flax import nnx
 
 from thundersync_jax import accumulators
+from thundersync_jax.algorithms import grpo
+from thundersync_jax.bench.schedules._gc import collector_paused
+from thundersync_jax.bench.schedules._workload import ReplayTrajectory
 from thundersync_jax.learner import buckets, chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3
-from thundersync_jax.algorithms import grpo
 from thundersync_jax.schedule.planner import WorkItem
 from thundersync_jax.sim._cost import CostModel
-from thundersync_jax.bench.schedules._gc import collector_paused
-from thundersync_jax.bench.schedules._workload import ReplayTrajectory
 
 PAD_ID = 0
 

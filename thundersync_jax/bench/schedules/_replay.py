@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from thundersync_jax.schedule.learner_loop import run_learner_batch
-from thundersync_jax.schedule.planner import Planner, WorkItem
 from thundersync_jax.bench.schedules._gc import collector_paused
 from thundersync_jax.bench.schedules._learner import BenchLearner, CalibrationSamples
+from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.planner import Planner, WorkItem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,6 @@ import ml_collections
 import numpy as np
 
 from thundersync_jax import sim
-from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.bench.schedules import _workload as workload
 from thundersync_jax.bench.schedules._gc import frozen_heap
 from thundersync_jax.bench.schedules._learner import (
@@ -39,6 +38,7 @@ from thundersync_jax.bench.schedules._learner import (
     learner_from_config,
 )
 from thundersync_jax.bench.schedules._replay import RoundResult, calibration_pass, replay_step
+from thundersync_jax.sim._cost import CostModel
 
 log = logging.getLogger(__name__)
 

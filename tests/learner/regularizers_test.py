@@ -15,11 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from thundersync_jax.schedule.grpo_learner import GrpoLearner
 
-from thundersync_jax import accumulators, losses
-from thundersync_jax.learner import chunks
-from thundersync_jax.schedule import regularizers
+from thundersync_jax import accumulators
+from thundersync_jax.algorithms import grpo, losses
+from thundersync_jax.learner import chunks, regularizers
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 
@@ -128,14 +127,14 @@ def _streamed_gradient(setup, loss_agg, rl, schedule, order):
     reg_fn = regularizers.RegularizerGradFn(
         graphdef, tuple(coefs), ref, kl_estimator=rl.kl_estimator, seq_buckets=BUCKETS
     )
-    learner = GrpoLearner(acc, score_fn, pad_id=0, regularizer_fn=reg_fn)
-    learner.begin(params, version=0)
+    learner = grpo.batch_learner(acc, score_fn, pad_id=0, regularizer_fn=reg_fn)
     q: queue.Queue = queue.Queue()
     for i, (k, m) in enumerate(order):
         t = trajs[(k, m)]
         q.put(WorkItem(f"g{k}m{m}", k, t.reward, int(t.loss_mask.sum()), float(i), payload=t))
-    run_learner_batch(Planner(schedule, K, G, max_chunk_tokens=96), q, learner.process)
-    return learner.finalize()
+    planner = Planner(schedule, K, G, max_chunk_tokens=96)
+    state, _ = run_learner_batch(planner, q, learner.init(params, 0), learner.process)
+    return learner.finalize(state)
 
 
 def _relative_error(got, want) -> float:

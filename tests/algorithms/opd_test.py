@@ -1,13 +1,12 @@
 """On-policy distillation: streamed per-turn updates equal the synchronous full-trajectory update.
 
-Scored turns arrive in a random order and run through the trainer's own path (planner →
-run_learner_batch → OpdLearner → accumulators.opd). The reference is the batch-synchronous
+
+
 OPD gradient written directly with jax.grad: one full-trajectory forward per trajectory, all
 turns' tokens masked in, Â = stop_gradient(log π_T − log π_s), −(1/N) Σ Â ∇ log π_s.
-The end-to-end smoke run (engine and teacher processes, sandboxed terminal tasks) is last.
+The end-to-end runs (engine and teacher processes, sandboxed tasks) are in tests/train_test.py.
 """
 
-import os
 import queue
 
 import jax
@@ -15,15 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from thundersync_jax.schedule.opd_learner import OpdLearner, TurnPayload
 
 from configs import terminal_opd_cpu
-from thundersync_jax import accumulators, losses
+from thundersync_jax import accumulators, losses, train
+from thundersync_jax.algorithms import opd
+from thundersync_jax.algorithms.base import MemberEnd
+from thundersync_jax.algorithms.opd import TurnPayload
 from thundersync_jax.learner import chunks
-from thundersync_jax.metrics import read_metrics
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.staleness import StalePolicyError
-from thundersync_jax.schedule import opd_trainer
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
@@ -92,7 +91,7 @@ def learner(setup):
     """One learner for every run of the module, so its jitted functions compile once."""
     graphdef, _, _ = setup
     score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(WIDTH,), pad_id=0)
-    return OpdLearner(accumulators.opd(), score_fn, pad_id=0)
+    return opd.batch_learner(accumulators.opd(), score_fn, pad_id=0)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +128,8 @@ def _arrivals(trajs, seed):
             s, e = spans[j]
             payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j))
             items.append(WorkItem(f"g{k}m{m}t{j}", k, 0.0, e - s, 0.0, payload, False, m))
-        items.append(WorkItem(f"g{k}m{m}end", k, 0.0, 0, 0.0, None, True, m))
+        end = MemberEnd(float(k), None)  # group 0's rewards tie, group 1's too
+        items.append(WorkItem(f"g{k}m{m}end", k, 0.0, 0, 0.0, end, True, m))
         per_member.append(items)
     out = []
     while any(per_member):
@@ -141,13 +141,13 @@ def _arrivals(trajs, seed):
 
 
 def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9):
-    learner.begin(params, version=0)
     q: queue.Queue = queue.Queue()
     for it in _arrivals(trajs, seed):
         q.put(it)
     planner = Planner(schedule, K, G, max_chunk_tokens)
-    stats = run_learner_batch(planner, q, learner.process, timeout_s=5)
-    return learner.finalize(), learner, stats
+    batch = learner.init(params, 0)
+    batch, stats = run_learner_batch(planner, q, batch, learner.process, timeout_s=5)
+    return learner.finalize(batch), learner.metrics(batch), stats
 
 
 def _rel_err(a, b) -> float:
@@ -157,15 +157,18 @@ def _rel_err(a, b) -> float:
     return float(np.sqrt(diff / norm))
 
 
-@pytest.mark.parametrize("schedule,seed", [("stream", 0), ("stream", 1), ("sync", 2)])
+@pytest.mark.parametrize(
+    "schedule,seed", [("stream", 0), ("stream", 1), ("sync", 2), ("group", 4), ("async", 5)]
+)
 def test_streamed_turns_equal_synchronous_full_trajectory_update(
     setup, learner, reference, schedule, seed
 ):
     _, params, trajs = setup
     ref, n_total = reference
-    grads, learner, stats = _run(learner, params, trajs, schedule, seed)
-    assert learner.tokens == n_total
-    assert learner.turns == sum(len(spans) for _, spans, _ in trajs.values())
+    grads, metrics, stats = _run(learner, params, trajs, schedule, seed)
+    assert metrics["tokens"] == n_total
+    assert metrics["turns"] == sum(len(spans) for _, spans, _ in trajs.values())
+    assert metrics["reward_mean"] == 0.5 and metrics["mixed_groups"] == 0
     if schedule == "stream":
         assert stats.chunks > K  # the turns really were processed in pieces
     assert _rel_err(grads, ref) <= 1e-5
@@ -180,18 +183,21 @@ def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learner):
     log_ratio = []
     for row, (_, spans, t_lp) in enumerate(trajs.values()):
         log_ratio += [student_lp[row, t] - t_lp[t] for s, e in spans for t in range(s, e)]
-    _, learner, _ = _run(learner, params, trajs, "stream", 3)
-    np.testing.assert_allclose(learner.reverse_kl, np.mean(log_ratio), rtol=1e-4)
+    _, metrics, _ = _run(learner, params, trajs, "stream", 3)
+    np.testing.assert_allclose(metrics["reverse_kl"], np.mean(log_ratio), rtol=1e-4)
 
 
 def test_turn_of_another_policy_version_is_refused(setup, learner):
     _, params, trajs = setup
     tokens, spans, t_lp = trajs[(0, 0)]
     s, e = spans[0]
-    learner.begin(params, version=3)
     stale = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 2, 0)
+    item = WorkItem("g0m0t0", 0, 0.0, e - s, 0.0, stale, False, 0)
     with pytest.raises(StalePolicyError, match="version 2"):
-        learner.process([WorkItem("g0m0t0", 0, 0.0, e - s, 0.0, stale, False, 0)])
+        learner.process(learner.init(params, 3), [item])
+    # async records the lag instead (one-step off-policy OPD)
+    batch = learner.process(learner.init(params, 3, enforce_version=False), [item])
+    assert learner.metrics(batch)["max_policy_lag"] == 1
 
 
 def test_turn_payload_rejects_a_turn_outside_the_trajectory():
@@ -203,44 +209,17 @@ def test_opd_config_checks_name_the_bad_value():
     c = terminal_opd_cpu.get_config("smoke")
     c.rl.loss_agg = "seq-mean-token-mean"
     with pytest.raises(ConfigError, match="rl.loss_agg"):
-        opd_trainer.check_opd_config(c)
+        train.check(c)
     c = terminal_opd_cpu.get_config("smoke")
-    c.env.family = "mini_swe"
-    with pytest.raises(ConfigError, match="env.family"):
-        opd_trainer.check_opd_config(c)
-
-
-NAMES = (
-    "step step_time_s rollout_time_s learner_busy_s learner_idle_frac tail_s publish_s "
-    "max_policy_lag open_groups_peak accum_bytes_peak reward_mean tokens compiles reverse_kl"
-).split()
-
-
-@pytest.mark.slow
-def test_terminal_opd_smoke_run_writes_metrics(tmp_path):
-    # A random-init teacher checkpoint on disk (served by its own engine process) and a
-    # random-init student keep the run free of supervised warm starts.
-    c = terminal_opd_cpu.get_config("smoke")
-    teacher_dir = str(tmp_path / "teacher")
-    qwen3.save_pretrained(
-        qwen3.Qwen3(qwen3.Qwen3Config.from_config_dict(c.teacher.model), rngs=nnx.Rngs(5)),
-        teacher_dir,
-    )
-    c.teacher.checkpoint = teacher_dir
-    c.sft.steps = 0
-    c.num_steps = 1
-    c.rollout.max_turns = 2
-    c.rollout.max_new_tokens_per_turn = 12
-    c.learner.seq_buckets = (1024,)
-    c.metrics.timeline_every = 0
-    c.rollout.snapshot_root = str(tmp_path / "shm")
-    workdir = str(tmp_path / "run")
-    opd_trainer.train(c, workdir)
-    rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    assert [r["step"] for r in rows] == [0]
-    for name in NAMES:
-        assert name in rows[0], name
-    assert rows[0]["tokens"] > 0 and np.isfinite(rows[0]["reverse_kl"])
-    assert rows[0]["max_policy_lag"] == 0
-    assert rows[0]["rollout_failures"] == 0
-    assert os.path.exists(os.path.join(workdir, "final", "model.safetensors"))
+    with pytest.raises(ConfigError, match="experiments.terminal_opd"):
+        train.check(c, entry_algorithm="grpo")  # an OPD config on the GRPO entry point
+    c.env.family = "no_such_family"
+    with pytest.raises(ConfigError, match="mini_swe, swe_jsonl, terminal"):
+        train.check(c)
+    for schedule in ("sync", "group", "stream", "async"):  # OPD runs every schedule
+        c = terminal_opd_cpu.get_config("smoke")
+        c.schedule = schedule
+        c.lora.enabled = True
+        c.lora.publish = "merged"
+        c.rl.kl_coef = 0.1
+        train.check(c)
