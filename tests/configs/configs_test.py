@@ -68,3 +68,29 @@ def test_model_init_eval_shapes(name, config):
     # The memory planner counts one traced layer times the depth; the full init must agree.
     if "node" in config:
         assert memory.param_shard_elements(config)[0] == count
+
+
+TRAINING_CONFIGS = [("cpu", None), ("cpu", "smoke"), ("terminal_opd_cpu", None)]
+TRAINING_CONFIGS += [("terminal_opd_cpu", "smoke")]
+
+
+@pytest.mark.parametrize("name, arg", TRAINING_CONFIGS)
+@pytest.mark.parametrize("schedule", ["sync", "group", "stream", "async"])
+def test_training_configs_pass_the_start_up_check_under_every_schedule(name, arg, schedule):
+    from thundersync_jax import train
+
+    c = importlib.import_module(f"configs.{name}").get_config(arg)
+    c.schedule = schedule
+    algo, sched, family = train.check(c)
+    assert (algo.name, sched.name, family.name) == (c.rl.algorithm, schedule, c.env.family)
+
+
+def test_unknown_task_family_names_the_valid_ones():
+    from configs import cpu
+    from thundersync_jax import train
+    from thundersync_jax.schedule.config_check import ConfigError
+
+    c = cpu.get_config("smoke")
+    c.env.family = "swe_bench"
+    with pytest.raises(ConfigError, match="choose one of: mini_swe, swe_jsonl, terminal"):
+        train.check(c)

@@ -82,9 +82,9 @@ def test_calibration_pass_times_every_chunk_of_the_batch_with_the_collector_off(
     seen = []
     process = learner.process
 
-    def recording(chunk):
+    def recording(batch, chunk):
         seen.append(gc.isenabled())
-        process(chunk)
+        return process(batch, chunk)
 
     learner.process = recording
     try:
