@@ -81,16 +81,21 @@ def _assert_schedules_agree(wd, same_keys):
         assert lags == ([0, 1] if s == "async" else [0] * STEPS), (s, lags)
 
 
-@pytest.fixture(scope="module")
-def grpo_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grpo")
+def _run_every_schedule(make_config, base) -> dict:
+    """{"init": the warm start exported, schedule: workdir after STEPS steps}."""
     out = {}
     for schedule in ("init", "sync", "group", "stream", "async"):
         wd = str(base / schedule)
         steps = 0 if schedule == "init" else STEPS
-        train.run(_grpo_config("sync" if schedule == "init" else schedule, steps, base), wd)
+        train.run(make_config("sync" if schedule == "init" else schedule, steps, base), wd)
         out[schedule] = wd
-    return base, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("grpo")
+    return base, _run_every_schedule(_grpo_config, base)
 
 
 def test_grpo_schedules_reach_the_same_parameters_on_a_pure_pg_update(grpo_runs):
@@ -179,14 +184,7 @@ def _opd_config(schedule, steps, base):
 
 @pytest.fixture(scope="module")
 def opd_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("opd")
-    out = {}
-    for schedule in ("init", "sync", "group", "stream", "async"):
-        wd = str(base / schedule)
-        steps = 0 if schedule == "init" else STEPS
-        train.run(_opd_config("sync" if schedule == "init" else schedule, steps, base), wd)
-        out[schedule] = wd
-    return out
+    return _run_every_schedule(_opd_config, tmp_path_factory.mktemp("opd"))
 
 
 def test_opd_schedules_reach_the_same_parameters(opd_runs):

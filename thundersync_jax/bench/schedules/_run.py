@@ -38,11 +38,13 @@ from thundersync_jax.bench.schedules._learner import (
     learner_from_config,
 )
 from thundersync_jax.bench.schedules._replay import RoundResult, calibration_pass, replay_step
+from thundersync_jax.schedule import schedules
 from thundersync_jax.sim._cost import CostModel
 
 log = logging.getLogger(__name__)
 
-MEASURED = ("sync", "group", "stream")  # async needs a second batch in flight: predicted only
+# A pipelined schedule (async) needs a second batch in flight: predicted only.
+MEASURED = tuple(s for s in schedules.NAMES if not schedules.get(s).pipelined)
 BENCH_FILE = "bench.json"
 
 
