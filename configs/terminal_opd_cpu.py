@@ -17,7 +17,11 @@ step times 201 / 83 / 52 / 61 s (the first ones compile), reverse_kl 0.95 → 0.
 the last turn is scored).
 
 Use a Qwen3 HF checkpoint as the teacher with `--config.teacher.checkpoint=DIR` (same
-tokenizer as the student).
+tokenizer as the student). Every schedule runs (`--config.schedule=async` is the one-step-off
+OPD baseline, policy lag 1), so do LoRA (`--config.lora.enabled=True
+--config.lora.publish=merged`), a KL term to the warm start (`--config.rl.kl_coef`), an
+entropy bonus (`--config.rl.entropy_coef`) and the other task families
+(`--config.env.family=mini_swe`).
 
 Variants (`--config=configs/terminal_opd_cpu.py:VARIANT`):
   smoke   two small steps (2 groups x 2 members, 32-token turns, 4 + 8 warm-start steps);

@@ -64,14 +64,15 @@ def _assert_schedules_agree(wd, same_keys):
     init, sync = _final(wd["init"]), _final(wd["sync"])
     moved = _dist(sync, init)
     assert moved > 0
-    for schedule in ("group", "stream"):
+    lag0 = [s for s in ("sync", "group", "stream") if s in wd]
+    for schedule in lag0[1:]:
         d = _dist(_final(wd[schedule]), sync)
         assert d <= 1e-3 * moved, (schedule, d, moved)
     for key in same_keys:
-        got = {s: [m[key] for m in _metrics(wd[s])] for s in ("sync", "group", "stream")}
-        assert got["sync"] == got["group"] == got["stream"], (key, got)
+        got = {s: [m[key] for m in _metrics(wd[s])] for s in lag0}
+        assert all(got[s] == got["sync"] for s in lag0), (key, got)
         assert len(got["sync"]) == STEPS
-    for s in ("sync", "group", "stream", "async"):
+    for s in (*lag0, "async"):
         ms = _metrics(wd[s])
         assert [m["step"] for m in ms] == list(range(STEPS))
         for m in ms:
@@ -81,10 +82,10 @@ def _assert_schedules_agree(wd, same_keys):
         assert lags == ([0, 1] if s == "async" else [0] * STEPS), (s, lags)
 
 
-def _run_every_schedule(make_config, base) -> dict:
+def _run_every_schedule(make_config, base, schedules=("sync", "group", "stream", "async")):
     """{"init": the warm start exported, schedule: workdir after STEPS steps}."""
     out = {}
-    for schedule in ("init", "sync", "group", "stream", "async"):
+    for schedule in ("init", *schedules):
         wd = str(base / schedule)
         steps = 0 if schedule == "init" else STEPS
         train.run(make_config("sync" if schedule == "init" else schedule, steps, base), wd)
@@ -184,7 +185,10 @@ def _opd_config(schedule, steps, base):
 
 @pytest.fixture(scope="module")
 def opd_runs(tmp_path_factory):
-    return _run_every_schedule(_opd_config, tmp_path_factory.mktemp("opd"))
+    # group is left to tests/algorithms/opd_test.py (the same planner path, no engines)
+    return _run_every_schedule(
+        _opd_config, tmp_path_factory.mktemp("opd"), ("sync", "stream", "async")
+    )
 
 
 def test_opd_schedules_reach_the_same_parameters(opd_runs):

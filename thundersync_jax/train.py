@@ -236,6 +236,10 @@ def _train_step(run: _Run, step: int, state, pending):
         timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
     )
     current.thread.join()
+    if nxt is not None:
+        # Honest async: every episode of step n+1 ends on policy n before the weight swap (the
+        # barrier `sim.simulate` models: T = max(rollouts, learner work) + opt + publish).
+        nxt.thread.join()
 
     with timeline.span(metrics.OPT):
         batch = run.learner.close_groups(batch, stats.failed_groups)
@@ -244,9 +248,6 @@ def _train_step(run: _Run, step: int, state, pending):
         jax.block_until_ready(new_state.params)
     if not bool(applied):
         log_skipped_update(log, step, grad_norm)
-    if nxt is not None:
-        # Honest async: every episode of step n+1 ends on policy n before n+1 is published.
-        nxt.thread.join()
     with timeline.span(metrics.PUBLISH):
         run.publish(new_state.params, int(new_state.step))
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from thundersync_jax import accumulators
-from thundersync_jax.algorithms import grpo, losses
+from thundersync_jax import accumulators, losses
+from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks, regularizers
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from configs.common import get_base_config
-from thundersync_jax import accumulators
-from thundersync_jax.algorithms import grpo, losses
+from thundersync_jax import accumulators, losses
+from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import lora
