@@ -30,9 +30,14 @@ class AdvantageShapeError(ValueError):
 
 
 def is_traceable(fn: Callable, size: int) -> bool:
-    """Whether JAX can trace `fn` on a [size] float32 reward vector."""
+    """Whether JAX can trace and lower `fn` on a [size] float32 reward vector.
+
+    Lowering too, not just tracing: numpy functions that dispatch to array
+    methods (np.argsort(x) calls x.argsort) can trace with arguments the JAX
+    method then fails to lower.
+    """
     try:
-        jax.eval_shape(fn, jax.ShapeDtypeStruct((max(size, 1),), jnp.float32))
+        jax.jit(fn).lower(jax.ShapeDtypeStruct((max(size, 1),), jnp.float32))
     except Exception:  # numpy on a tracer raises TracerArrayConversionError, and others
         return False
     return True

@@ -72,6 +72,13 @@ def zeros(params, *lead: int) -> ExactSum:
     )
 
 
+def shapes_of(tally: ExactSum):
+    """ShapeDtypeStructs of the params a single (lead ()) tally was made for."""
+    return jax.tree.map(
+        lambda limbs: jax.ShapeDtypeStruct(limbs.shape[1:], jnp.float32), tally.limbs
+    )
+
+
 def _leaf_top(x):
     """Absolute limb index that holds |x| for every element of leaf x."""
     bits = jax.lax.bitcast_convert_type(x, jnp.int32)
@@ -150,9 +157,7 @@ def add(tally: ExactSum, values, ok, index=()) -> tuple[ExactSum, jax.Array]:
 def reset(tally: ExactSum, index, when) -> ExactSum:
     """Empties tally[index] when `when` (a slot taken by a new group)."""
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
-    limbs = jax.tree.map(
-        lambda t: t.at[index].set(jnp.where(when, 0, t[index])), tally.limbs
-    )
+    limbs = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, 0, t[index])), tally.limbs)
     top = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, EMPTY_TOP, t[index])), tally.top)
     adds = tally.adds.at[index].set(jnp.where(when, 0, tally.adds[index]))
     return ExactSum(limbs, top, adds)

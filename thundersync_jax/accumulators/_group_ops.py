@@ -325,7 +325,7 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         count,
         _errors.tree_all_finite(grad),
         batch_scope=cfg.batch_scope,
-        affine=cfg.advantage.affine,
+        affine=not cfg.uses_buckets,
         on_invalid=cfg.on_invalid,
     )
     weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
