@@ -97,13 +97,24 @@ def _fold_group(cfg: GroupConfig, small: GroupState, total, buckets, k, slot, fo
     return small, total, code
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "weighted"))
+def _spec(cfg: GroupConfig) -> GroupConfig:
+    """The static part the jitted bodies depend on: one compilation for every loss_agg mode."""
+    return cfg._replace(loss_agg=None, max_len=None)
+
+
 def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weighted):
     """Adds `count` trajectories of one (group, reward) exactly; returns (state, error code)."""
+    num_tokens = jnp.asarray(num_tokens, jnp.int32)
+    weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
+    return _add(_spec(cfg), state, group, reward, grad, num_tokens, count, weight)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weight):
     group = jnp.asarray(group, jnp.int32)
     reward = jnp.asarray(reward, jnp.float32)
-    num_tokens = jnp.asarray(num_tokens, jnp.int32)
     count = jnp.asarray(count, jnp.int32)
+    weight = jnp.asarray(weight, jnp.float32)
     small, plan, code = _bookkeeping(
         _small(state),
         group,
@@ -115,7 +126,6 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         affine=False,
         on_invalid=cfg.on_invalid,
     )
-    weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
     inc = jax.tree.map(lambda g: jnp.where(plan.ok, g.astype(jnp.float32) * weight, 0.0), grad)
     buckets = _exact.reset(state.buckets, (plan.slot,), plan.fresh)
     buckets, overflow = _exact.add(buckets, inc, plan.ok, (plan.slot, plan.bucket))
@@ -131,9 +141,13 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
     return _tallies_into(small, total, buckets=buckets, like=state), code | overflow_code
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
 def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.Array]:
     """Closes `group` early (idempotent); returns (state, error code)."""
+    return _close(_spec(cfg), state, group)
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.Array]:
     group = jnp.asarray(group, jnp.int32)
     in_range = (group >= 0) & (group < cfg.num_groups)
     k = jnp.clip(group, 0, cfg.num_groups - 1)
@@ -151,9 +165,14 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     return _tallies_into(small, total, like=state), code
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
 def finalize(cfg: GroupConfig, state: GroupState):
     """∇L = −(1/Z) · value(total); NaN everywhere on a recorded error, open group or overflow."""
+    z = cfg.loss_agg.normalizer(state.num_trajectories, state.num_tokens, cfg.max_len)
+    return _finalize(_spec(cfg), state, jnp.asarray(z, jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _finalize(cfg: GroupConfig, state: GroupState, z):
     total, code = state.total, jnp.int32(0)
     if cfg.batch_scope:
         mask = (jnp.arange(cfg.group_size)[None, :] < state.members[:, None]).reshape(-1)
@@ -161,7 +180,6 @@ def finalize(cfg: GroupConfig, state: GroupState):
         adv, _ = _bucket_advantages(cfg, state.rewards.reshape(-1), mask, values, used, True)
         total, code = _fold(total, state.buckets, 0, values, used, adv, jnp.asarray(True))
     value = _exact.to_float(total)
-    z = cfg.loss_agg.normalizer(state.num_trajectories, state.num_tokens, cfg.max_len)
     z = jnp.where(z > 0, z, 1.0)  # empty batch: the gradient is zero, not 0/0
     bad = (state.error != 0) | jnp.any(state.status == OPEN) | (code != 0)
     bad |= ~_errors.tree_all_finite(value)
