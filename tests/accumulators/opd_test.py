@@ -41,3 +41,37 @@ def test_opd_rejects_nan_or_drops_it(params, random_grad):
     recorded = jax.jit(accumulators.opd().add)(acc.init(params), bad, 3)
     with pytest.raises(ValueError, match="recorded an invalid add"):
         accumulators.opd().check(recorded)
+
+
+def test_deterministic_opd_is_order_free_and_exact(params, random_grad):
+    rng = np.random.default_rng(8)
+    # Turn gradients of very different sizes: float32 sums would depend on the order.
+    items = [
+        (jax.tree.map(lambda g, s=10.0 ** (i % 5): g * s, random_grad(rng)), int(n))
+        for i, n in enumerate(rng.integers(1, 40, size=17))
+    ]
+    acc = accumulators.opd(deterministic=True)
+    jit_add = jax.jit(acc.add, donate_argnums=0)
+    outputs = []
+    for add in (acc.add, jit_add, acc.add):
+        state = acc.init(params)
+        for i in rng.permutation(len(items)):
+            state = add(state, *items[i])
+        outputs.append(acc.finalize(state))
+    for other in outputs[1:]:
+        for a, b in zip(jax.tree.leaves(outputs[0]), jax.tree.leaves(other), strict=True):
+            np.testing.assert_array_equal(
+                np.asarray(a).view(np.int32), np.asarray(b).view(np.int32)
+            )
+    want = reference.direct_gradient(items)
+    assert reference.relative_error(outputs[0], want) <= 1e-6
+
+
+def test_deterministic_opd_overflow_is_an_error(params, random_grad):
+    from thundersync_jax.accumulators import _exact
+
+    acc = accumulators.opd(deterministic=True)
+    state = acc.init(params)
+    state = state._replace(total=state.total._replace(adds=np.int32(_exact.MAX_ADDS)))
+    with pytest.raises(ValueError, match="exact tally is full"):
+        acc.add(state, random_grad(np.random.default_rng(0)), 3)

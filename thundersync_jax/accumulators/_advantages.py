@@ -11,7 +11,8 @@ Two kinds (DESIGN §2):
   reward equal to the first one, so an all-equal group is exactly zero.
 * Group-wise callables f(rewards) -> advantages, affine or not. Exact through
   one tally per (group, distinct reward), since equal rewards in a group get
-  equal advantages.
+  equal advantages. Written with jax.numpy they are traced; written with numpy
+  (np.argsort ranks, a leave-one-out std) they run on the host (`_callables`).
 
 `scope="batch"` makes an affine estimator see the whole batch as one group
 (the `batch` estimator: GRPO normalisation with batch-wide mean and std).
@@ -27,6 +28,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Scalar
 
+from thundersync_jax.accumulators import _callables
+
 AffineFn = Callable[..., tuple[jax.Array, jax.Array]]
 GroupFn = Callable[[Float[Array, " n"]], Float[Array, " n"]]
 
@@ -40,11 +43,14 @@ class Advantage(NamedTuple):
       affine: which of the two contracts `fn` follows.
       scope: "group" (per prompt) or "batch" (all trajectories as one group;
         affine only).
+      host: a non-affine `fn` that cannot be traced by JAX (written with numpy):
+        it runs on the host through `jax.pure_callback` (see `_callables`).
     """
 
     fn: Callable
     affine: bool
     scope: str = "group"
+    host: bool = False
 
 
 def _group_stats(offsets, mask, std_ddof):
@@ -116,8 +122,9 @@ def register_advantage(
       fn: if `affine`, `fn(offsets, mask, shift, *, eps, std_ddof) -> (scale, offset)`
         with A_i = scale · offsets_i + offset, where offsets_i = r_i − shift for the
         members (mask True) of a [G] row and 0 elsewhere; jnp-traceable. Otherwise
-        `fn(rewards) -> advantages` on one group's 1-D reward array (jnp-traceable,
-        permutation-equivariant), made exact through reward buckets.
+        `fn(rewards) -> advantages` on one group's 1-D reward array
+        (permutation-equivariant), made exact through reward buckets; jnp-traceable,
+        or numpy code run on the host when it cannot be traced.
       affine: which contract `fn` follows.
       scope: "group", or "batch" to treat the whole batch as one group (affine only).
     """
@@ -127,7 +134,10 @@ def register_advantage(
         raise ValueError(f"scope must be 'group' or 'batch', got {scope!r}")
     if scope == "batch" and not affine:
         raise ValueError("scope='batch' needs an affine estimator (one pair of global tallies)")
-    _REGISTRY[name] = Advantage(fn, affine, scope)
+    host = False
+    if not affine:
+        host = not _callables.is_traceable(fn, 2)
+    _REGISTRY[name] = Advantage(fn, affine, scope, host)
 
 
 def advantage_names() -> tuple[str, ...]:
@@ -135,10 +145,14 @@ def advantage_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def resolve_advantage(advantage: str | GroupFn) -> Advantage:
-    """A name from the registry, or a bare callable (non-affine, group scope)."""
+def resolve_advantage(advantage: str | GroupFn, group_size: int = 2) -> Advantage:
+    """A name from the registry, or a bare callable (non-affine, group scope).
+
+    A callable that JAX cannot trace on `group_size` rewards runs on the host.
+    """
     if callable(advantage):
-        return Advantage(advantage, affine=False)
+        host = not _callables.is_traceable(advantage, group_size)
+        return Advantage(advantage, affine=False, host=host)
     if advantage not in _REGISTRY:
         raise ValueError(
             f"unknown advantage {advantage!r}; registered estimators: {sorted(_REGISTRY)}, "
@@ -154,43 +168,3 @@ def affine_coefficients(fn: AffineFn, eps: float, std_ddof: int) -> Callable:
     Inlined under an outer jit; eagerly it saves dispatching each small op.
     """
     return jax.jit(functools.partial(fn, eps=eps, std_ddof=std_ddof))
-
-
-@functools.lru_cache(maxsize=256)
-def _group_of_size(fn: GroupFn, n: int, size: int) -> Callable:
-    """[size] rewards -> [size] advantages of the first n members (zeros after), jitted."""
-
-    def branch(row):
-        adv = jnp.asarray(fn(row[:n]), jnp.float32)
-        if adv.shape != (n,):
-            raise ValueError(
-                f"advantage callable returned shape {adv.shape} for {n} rewards; expected ({n},)"
-            )
-        return jnp.zeros((size,), jnp.float32).at[:n].set(adv)
-
-    return jax.jit(branch)
-
-
-def bucket_advantages(
-    fn: GroupFn,
-    rewards: Float[Array, " G"],
-    count: jax.Array,
-    bucket_values: Float[Array, " nb"],
-) -> Float[Array, " nb"]:
-    """Advantage of each bucket's reward under `fn`, for a group of `count` members.
-
-    `rewards[:count]` are the members (arrival order; `fn` is a group-wise
-    estimator, so order does not matter). The member count is traced, so every
-    possible size gets its own branch of static shape.
-    """
-    size = rewards.shape[0]
-    branches = [_group_of_size(fn, n, size) for n in range(1, size + 1)]
-    index = jnp.clip(count - 1, 0, size - 1)
-    if isinstance(index, jax.core.Tracer):
-        adv = jax.lax.switch(index, branches, rewards)
-    else:  # eager: run only this size's branch instead of compiling all of them
-        adv = branches[int(index)](rewards)
-    members = jnp.arange(size) < count
-    match = (rewards[None, :] == bucket_values[:, None]) & members[None, :]
-    first = jnp.argmax(match, axis=1)
-    return jnp.where(jnp.any(match, axis=1), adv[first], 0.0)

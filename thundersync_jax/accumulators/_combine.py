@@ -7,6 +7,10 @@ max_len, the usual case) it shares the policy's own tally and costs no memory;
 a term with its own mode gets one extra tally, normalised at finalize with its
 own Z from the policy's batch totals.
 
+Deterministic mode: when the policy accumulator is deterministic, the terms
+add exactly too (into the policy's exact `total`, or their own exact tally),
+so the combined gradient's bits do not depend on arrival order either.
+
 Loss convention: the combined gradient is ∇(L_policy + Σ coef · L_term), so a
 KL penalty has coef = β > 0 and an entropy bonus coef = −α < 0 (the term's
 gradient is that of the per-token entropy, summed over loss tokens).
@@ -20,8 +24,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from thundersync_jax.accumulators import _errors, _tallies
+from thundersync_jax.accumulators import _errors, _exact, _tallies
 from thundersync_jax.accumulators._loss_agg import resolve_loss_agg
+from thundersync_jax.accumulators._opd import add_to_total, tally_like, total_value
 
 
 class Regularizer(NamedTuple):
@@ -49,7 +54,8 @@ class CombinedState(NamedTuple):
     Attributes:
       policy: the policy accumulator's state (its `total` also holds the
         regularizer terms that share the policy's aggregation).
-      terms: name -> float32 tally like params, for terms with their own mode.
+      terms: name -> float32 tally like params, for terms with their own mode
+        (an `_exact.ExactSum` when the policy is deterministic).
     """
 
     policy: Any
@@ -97,8 +103,11 @@ def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
         modes[name] = (mode, max_len)
         shared[name] = mode == cfg.loss_agg and max_len == cfg.max_len
 
+    exact = bool(getattr(cfg, "deterministic", False))
+    zeros = _exact.zeros if exact else _tallies.zeros_like_params
+
     def init(params) -> CombinedState:
-        own = {n: _tallies.zeros_like_params(params) for n in terms if not shared[n]}
+        own = {n: zeros(params) for n in terms if not shared[n]}
         return CombinedState(policy.init(params), own)
 
     def add(state, *args, **kwargs):
@@ -116,7 +125,7 @@ def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
         """Adds one trajectory's gradient of term `name` straight into its global tally."""
         if name not in terms:
             raise ValueError(f"unknown term {name!r}; this accumulator has {sorted(terms)}")
-        _errors.check_structure(f"add_term({name!r})", state.policy.total, grad)
+        _errors.check_structure(f"add_term({name!r})", tally_like(state.policy.total), grad)
         num_tokens = jnp.asarray(num_tokens, jnp.int32)
         code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
         code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
@@ -132,16 +141,14 @@ def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
         weight = mode.weight(num_tokens)
         # policy.finalize returns −total/Z, so a shared term enters as −coef · w · g.
         scale = -coef * weight if shared[name] else weight
-
-        def put(t, g):
-            return t + jnp.where(ok, g.astype(jnp.float32) * scale, 0.0)
-
+        own = dict(state.terms)
+        tally = state.policy.total if shared[name] else own[name]
+        tally, overflow = add_to_total(tally, grad, scale, ok)
+        code |= jnp.where(overflow, _errors.EXACT_OVERFLOW, 0)
         pol = state.policy._replace(error=state.policy.error | code)
         if shared[name]:
-            pol = pol._replace(total=jax.tree.map(put, pol.total, grad))
-            return CombinedState(pol, state.terms)
-        own = dict(state.terms)
-        own[name] = jax.tree.map(put, own[name], grad)
+            return CombinedState(pol._replace(total=tally), state.terms)
+        own[name] = tally
         return CombinedState(pol, own)
 
     def finalize(state: CombinedState):
@@ -152,7 +159,8 @@ def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
             z = mode.normalizer(b, n, max_len)
             z = jnp.where(z > 0, z, 1.0)
             coef = terms[name].coef
-            grads = jax.tree.map(lambda g, t, z=z, coef=coef: g + coef * t / z, grads, tally)
+            value = total_value(tally)
+            grads = jax.tree.map(lambda g, t, z=z, coef=coef: g + coef * t / z, grads, value)
         return grads
 
     def check(state: CombinedState, allow_open: bool = False) -> None:

@@ -20,6 +20,12 @@ TOO_MANY_OPEN_GROUPS = 16
 TOO_MANY_DISTINCT_REWARDS = 32
 NEGATIVE_NUM_TOKENS = 64
 BAD_COUNT = 128
+# Problems of an advantage callable's output, found when its group folds (never dropped).
+ADVANTAGE_SHAPE = 256
+ADVANTAGE_NONFINITE = 512
+ADVANTAGE_NOT_GROUPWISE = 1024
+# An exact (deterministic-mode) tally ran out of headroom or of float32 range.
+EXACT_OVERFLOW = 2048
 
 # Problems with one trajectory's own inputs: `on_invalid="drop"` may drop it.
 # Resource limits (open-group cap, bucket limit) are never dropped: dropping a
@@ -45,6 +51,7 @@ def describe(
     group_size: int,
     max_open_groups: int,
     max_buckets: int,
+    deterministic: bool = False,
 ) -> str:
     """Human-readable explanation of every bit set in `code`."""
     parts = []
@@ -74,10 +81,33 @@ def describe(
     if code & TOO_MANY_DISTINCT_REWARDS:
         parts.append(
             f"reward={reward!r} would be distinct reward number {max_buckets + 1} in group "
-            f"{group}, past max_buckets={max_buckets}; a non-affine advantage needs one "
-            "bucket per distinct reward (raise max_buckets, or use an affine estimator)"
+            f"{group}, past max_buckets={max_buckets}; "
+            + (
+                "deterministic mode keeps one exact tally per distinct reward of a group "
+                "(raise max_buckets)"
+                if deterministic
+                else "a non-affine advantage needs one bucket per distinct reward (raise "
+                "max_buckets, or use an affine estimator)"
+            )
         )
-    unknown = code & ~(2 * BAD_COUNT - 1)
+    if code & ADVANTAGE_SHAPE:
+        parts.append(
+            f"the advantage callable returned an array of the wrong shape for group {group} "
+            "(it must return one advantage per reward: shape (n,) for n rewards)"
+        )
+    if code & ADVANTAGE_NONFINITE:
+        parts.append(f"the advantage callable returned NaN or inf for group {group}")
+    if code & ADVANTAGE_NOT_GROUPWISE:
+        parts.append(
+            f"the advantage callable gave different advantages to equal rewards in group "
+            f"{group}; a group-wise estimator must give equal rewards equal advantages"
+        )
+    if code & EXACT_OVERFLOW:
+        parts.append(
+            f"an exact tally overflowed while adding group {group}: more than "
+            "_exact.MAX_ADDS adds into one tally, or a sum past the float32 range"
+        )
+    unknown = code & ~(2 * EXACT_OVERFLOW - 1)
     if unknown:
         parts.append(f"unknown error bits {unknown:#x}")
     return "; ".join(parts)
@@ -119,8 +149,9 @@ def check_structure(where: str, expected_like, got) -> None:
         jax.tree.leaves(got),
         strict=True,
     ):
-        if np.shape(a) != np.shape(b):
+        want_shape = tuple(getattr(a, "shape", np.shape(a)))
+        if want_shape != np.shape(b):
             raise ValueError(
                 f"{where}: grad leaf {jax.tree_util.keystr(path[0])} has shape {np.shape(b)}, "
-                f"expected {np.shape(a)} (the params' shape)"
+                f"expected {want_shape} (the params' shape)"
             )

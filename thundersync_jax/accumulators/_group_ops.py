@@ -14,8 +14,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from thundersync_jax.accumulators import _errors
-from thundersync_jax.accumulators._advantages import affine_coefficients, bucket_advantages
+from thundersync_jax.accumulators import _callables, _errors
+from thundersync_jax.accumulators._advantages import affine_coefficients
 from thundersync_jax.accumulators._group_state import CLOSED, NEW, OPEN, GroupConfig, GroupState
 
 
@@ -231,13 +231,18 @@ def _affine_coefficients(cfg: GroupConfig, small: GroupState, k):
     return coefficients(offsets, members, small.shifts[k])
 
 
-def _bucket_advantages(cfg: GroupConfig, small: GroupState, k, slot):
-    """Advantage of each of group k's reward buckets (0 for unused buckets)."""
+def _bucket_advantages(cfg: GroupConfig, small: GroupState, k, slot, fold):
+    """Advantage of each of group k's reward buckets (0 for unused) and the callable's code."""
     in_use = jnp.arange(cfg.max_buckets) < small.bucket_used[slot]
-    adv = bucket_advantages(
-        cfg.advantage.fn, small.rewards[k], small.members[k], small.bucket_values[slot]
+    adv, code = _callables.bucket_advantages(
+        cfg.advantage.fn,
+        cfg.advantage.host,
+        small.rewards[k],
+        small.members[k],
+        small.bucket_values[slot],
+        fold,
     )
-    return jnp.where(in_use, adv, 0.0)
+    return jnp.where(in_use, adv, 0.0), code
 
 
 def _small(state: GroupState) -> GroupState:
@@ -263,6 +268,7 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
             fold, scale, shift = jnp.asarray(False), jnp.float32(0.0), jnp.float32(0.0)
         else:
             fold, (scale, shift) = plan.full, _affine_coefficients(cfg, small, plan.k)
+        adv_code = jnp.int32(0)
         total, shifted, plain = _add_to_slot(
             state.total,
             state.shifted,
@@ -279,7 +285,9 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
         )
         tallies = dict(shifted=shifted, plain=plain)
     else:
-        advantages = _bucket_advantages(cfg, small, plan.k, plan.slot)
+        advantages, adv_code = _bucket_advantages(cfg, small, plan.k, plan.slot, plan.full)
+        # A bad callable output folds nothing; the recorded error makes finalize NaN.
+        small = record_error(cfg.on_invalid, small, adv_code, plan.k, 0.0, 1)
         total, buckets = _add_to_bucket(
             state.total,
             state.buckets,
@@ -289,12 +297,12 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
             plan.slot,
             plan.bucket,
             plan.fresh,
-            plan.full,
+            plan.full & (adv_code == 0),
             advantages,
         )
         tallies = dict(buckets=buckets)
     small = _release(small, plan.k, plan.slot, plan.full, batch_scope=cfg.batch_scope)
-    return _tallies_into(small, total, **tallies, like=state)
+    return _tallies_into(small, total, **tallies, like=state), adv_code
 
 
 def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weighted):
@@ -317,11 +325,12 @@ def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, co
         count,
         _errors.tree_all_finite(grad),
         batch_scope=cfg.batch_scope,
-        affine=cfg.advantage.affine,
+        affine=not cfg.uses_buckets,
         on_invalid=cfg.on_invalid,
     )
     weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
-    return _apply(cfg, state, small, grad, weight, plan), code
+    new_state, adv_code = _apply(cfg, state, small, grad, weight, plan)
+    return new_state, code | adv_code
 
 
 def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.Array]:
@@ -345,7 +354,10 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
             state.total, state.shifted, state.plain, slot, fold_tallies, scale, shift
         )
     else:
-        advantages = _bucket_advantages(cfg, small, k, slot)
+        advantages, adv_code = _bucket_advantages(cfg, small, k, slot, fold_tallies)
+        small = record_error(cfg.on_invalid, small, adv_code, k, jnp.float32(0.0), 1)
+        code = code | adv_code
+        fold_tallies = fold_tallies & (adv_code == 0)
         total = _fold_buckets(state.total, state.buckets, slot, fold_tallies, advantages)
     small = _release(small, k, slot, fold, batch_scope=False)
     return _tallies_into(small, total, like=state), code

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from thundersync_jax.accumulators import _tallies
+from thundersync_jax.accumulators import _exact, _tallies
 from thundersync_jax.accumulators._advantages import Advantage
 from thundersync_jax.accumulators._loss_agg import LossAgg
 
@@ -19,9 +19,12 @@ class GroupState(NamedTuple):
     """Everything a GRPO-family accumulator keeps between `add` calls.
 
     Shapes: K = num_groups, G = group_size, S = tally slots (max_open_groups
-    for affine group estimators, 1 for batch scope, 0 when unused), nb =
-    max_buckets. Leaves marked "like params" are float32 pytrees with the
-    params' structure (and sharding); a leading [S] or [S, nb] axis stacks them.
+    for group estimators, 1 for batch scope, 0 when unused), nb = max_buckets.
+    Leaves marked "like params" are float32 pytrees with the params' structure
+    (and sharding); a leading [S] or [S, nb] axis stacks them. In deterministic
+    mode `total` and `buckets` are `_exact.ExactSum` int32-limb tallies (with
+    lead () and [S, nb]), every estimator uses buckets, and `shifted`/`plain`
+    are empty ([0] stacks).
 
     Attributes:
       total: like params. Σ A_i w_i h_i over closed groups, plus regularizer terms.
@@ -29,7 +32,8 @@ class GroupState(NamedTuple):
         A freed slot keeps stale values until the next group takes it and zeroes it.
       plain: [S] like params. Per open group, H_k = Σ w_i h_i.
       buckets: [S, nb] like params. Per open group and distinct reward, Σ w_i h_i
-        (non-affine estimators only).
+        (non-affine estimators, or any estimator in deterministic mode; batch
+        scope: one slot of batch-wide buckets).
       bucket_values: float32 [S, nb]. The reward of each bucket.
       bucket_used: int32 [S]. Buckets in use per slot.
       rewards: float32 [K, G]. Members' rewards in arrival order.
@@ -81,34 +85,48 @@ class GroupConfig(NamedTuple):
     max_open_groups: int
     max_buckets: int
     on_invalid: str
+    deterministic: bool = False
 
     @property
     def batch_scope(self) -> bool:
         return self.advantage.scope == "batch"
 
     @property
+    def uses_buckets(self) -> bool:
+        """Reward buckets: for non-affine estimators, and for every one in deterministic mode."""
+        return self.deterministic or not self.advantage.affine
+
+    @property
     def affine_slots(self) -> int:
-        if not self.advantage.affine:
+        if self.uses_buckets:
             return 0
         return 1 if self.batch_scope else self.max_open_groups
 
     @property
     def bucket_slots(self) -> int:
-        return 0 if self.advantage.affine else self.max_open_groups
+        if not self.uses_buckets:
+            return 0
+        return 1 if self.batch_scope else self.max_open_groups
 
 
 def init_state(cfg: GroupConfig, params) -> GroupState:
     """Empty state for params (any pytree of arrays); tallies are float32."""
     k, g, nb = cfg.num_groups, cfg.group_size, cfg.max_buckets
-    slots = cfg.affine_slots if cfg.advantage.affine else cfg.bucket_slots
+    slots = max(cfg.affine_slots, cfg.bucket_slots)
+    if cfg.deterministic:
+        total = _exact.zeros(params)
+        buckets = _exact.zeros(params, cfg.bucket_slots, nb)
+    else:
+        total = _tallies.zeros_like_params(params)
+        buckets = _tallies.stacked_zeros(params, cfg.bucket_slots, nb)
     # Small bookkeeping arrays come from numpy: no per-shape fill kernel to compile.
     i32 = lambda v, shape=(): jnp.asarray(np.full(shape, v, np.int32))
     f32 = lambda shape: jnp.asarray(np.zeros(shape, np.float32))
     return GroupState(
-        total=_tallies.zeros_like_params(params),
+        total=total,
         shifted=_tallies.stacked_zeros(params, cfg.affine_slots),
         plain=_tallies.stacked_zeros(params, cfg.affine_slots),
-        buckets=_tallies.stacked_zeros(params, cfg.bucket_slots, nb),
+        buckets=buckets,
         bucket_values=f32((cfg.bucket_slots, nb)),
         bucket_used=i32(0, (cfg.bucket_slots,)),
         rewards=f32((k, g)),

@@ -6,6 +6,12 @@ then skips the trajectory and records the problem in `state.error`, and
 `finalize` returns NaN gradients when an error was recorded or a group is
 still open. Call `acc.check(state)` on the host (after the jitted adds, before
 the optimizer step) to raise the recorded error with the same message.
+
+Deterministic mode (`deterministic=True`, DESIGN §8): the tallies add in an
+exactly associative fixed-point representation (`_exact`) and every step is
+order-free (`_exact_group_ops`), so `finalize` gives the same bits for any
+order of adds and group closes: sync-like, group-like and stream-like
+arrival all end at one result.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from thundersync_jax.accumulators import _errors, _group_ops
+from thundersync_jax.accumulators import _callables, _errors, _exact, _exact_group_ops, _group_ops
 from thundersync_jax.accumulators._advantages import GroupFn, resolve_advantage
 from thundersync_jax.accumulators._group_state import (
     OPEN,
@@ -66,12 +72,24 @@ def _message(cfg: GroupConfig, state: GroupState, code: int, group, reward, grad
         group_size=cfg.group_size,
         max_open_groups=cfg.max_open_groups,
         max_buckets=cfg.max_buckets,
+        deterministic=cfg.deterministic,
     )
     if code & _errors.NONFINITE_GRAD and grad is not None:
         text += f" (first bad leaf: {_errors.first_nonfinite_leaf(grad)})"
     if code & _errors.TOO_MANY_OPEN_GROUPS and grad is not None:  # eager: state is current
         text += f" (open groups: {_open_groups(state)})"
     return text
+
+
+def _tally_like(state: GroupState):
+    """Shapes of the params the state was made for (the exact tally's limbs add an axis)."""
+    return (
+        _exact.shapes_of(state.total) if isinstance(state.total, _exact.ExactSum) else state.total
+    )
+
+
+def _group_name(group) -> str:
+    return "(traced)" if _errors.is_traced(group) else str(int(group))
 
 
 def check(cfg: GroupConfig, state: GroupState, allow_open: bool = False) -> None:
@@ -103,6 +121,7 @@ def grpo(
     *,
     max_buckets: int = 8,
     on_invalid: str = "raise",
+    deterministic: bool = False,
 ) -> GroupAccumulator:
     """A streaming accumulator whose `finalize` equals the batch-synchronous GRPO gradient.
 
@@ -111,6 +130,11 @@ def grpo(
       group_size: G, members per group; a group closes by itself at G members.
       advantage: "grpo", "drgrpo", "rloo", "batch", another registered name, or a
         callable rewards -> advantages for one group (exact via reward buckets).
+        A callable written with jax.numpy is traced into the add; one JAX cannot
+        trace (numpy code: np.argsort ranks, a leave-one-out std) runs on the
+        host in float64 through jax.pure_callback when its group folds, eagerly
+        and under jit. Its output is checked at the fold: the wrong shape, NaN or
+        inf, or different advantages for equal rewards is an error naming the group.
       loss_agg: "seq-mean-token-mean", "seq-mean-token-sum", "token-mean",
         "seq-mean-token-sum-norm" or another registered mode.
       eps: ε in (r − μ)/(σ + ε).
@@ -122,6 +146,14 @@ def grpo(
       on_invalid: "raise", or "drop" to drop (and count in state.dropped) a
         trajectory with a non-finite reward or gradient, a bad group, or negative
         num_tokens. The open-group and bucket limits always raise.
+      deterministic: exactly associative tallies, so finalize's bits do not depend
+        on the order of adds and closes (DESIGN §8). Every estimator then keeps
+        one exact tally per (group, distinct reward) (`batch`: per distinct reward
+        of the batch), so up to max_buckets distinct rewards per group (more is a
+        clear error); memory is (1 + M·max_buckets)·NUM_LIMBS int32 param-sized
+        arrays (NUM_LIMBS = 4). Accuracy ≤ ~1e-7 relative to float64; running out
+        of headroom (over `_exact.MAX_ADDS` adds into one tally) or float32
+        range is recorded as an error, never wrapped silently.
 
     Errors: eager calls raise ValueError naming the bad value (non-finite reward
     or gradient leaf, group out of range, add to a closed group, more than
@@ -148,28 +180,35 @@ def grpo(
         raise ValueError(f"max_open_groups must be >= 1 or None, got {max_open_groups!r}")
     if max_buckets < 1:
         raise ValueError(f"max_buckets must be >= 1, got {max_buckets!r}")
+    resolved = resolve_advantage(advantage, group_size)
+    batch_wide = deterministic and resolved.scope == "batch"
     cfg = GroupConfig(
         num_groups=num_groups,
         group_size=group_size,
-        advantage=resolve_advantage(advantage),
+        advantage=resolved,
         loss_agg=resolve_loss_agg(loss_agg, max_len),
         eps=float(eps),
         std_ddof=int(std_ddof),
         max_len=max_len,
         max_open_groups=min(max_open_groups or num_groups, num_groups),
-        # A group cannot hold more distinct rewards than members.
-        max_buckets=min(max_buckets, group_size),
+        # A group cannot hold more distinct rewards than members (batch: than the batch).
+        max_buckets=min(max_buckets, group_size * (num_groups if batch_wide else 1)),
         on_invalid=on_invalid,
+        deterministic=bool(deterministic),
     )
+    ops = _exact_group_ops if cfg.deterministic else _group_ops
 
     def init(params) -> GroupState:
         return init_state(cfg, params)
 
     def _add(where, state, group, reward, grad, num_tokens, count, weighted):
-        _errors.check_structure(where, state.total, grad)
-        new_state, code = _group_ops.add(
-            cfg, state, group, reward, grad, num_tokens, count, weighted=weighted
-        )
+        _errors.check_structure(where, _tally_like(state), grad)
+        try:
+            new_state, code = ops.add(
+                cfg, state, group, reward, grad, num_tokens, count, weighted=weighted
+            )
+        except _callables.AdvantageShapeError as e:  # raised while tracing the callable
+            raise ValueError(f"{where}: group {_group_name(group)}: {e}") from None
         if not _errors.is_traced(state, group, reward, grad, num_tokens, count):
             code = int(code)
             dropped = cfg.on_invalid == "drop" and not code & ~_errors.DROPPABLE
@@ -187,7 +226,10 @@ def grpo(
 
     def close(state: GroupState, group) -> GroupState:
         """Closes a group that will get no more members (idempotent)."""
-        new_state, code = _group_ops.close(cfg, state, group)
+        try:
+            new_state, code = ops.close(cfg, state, group)
+        except _callables.AdvantageShapeError as e:
+            raise ValueError(f"close: group {_group_name(group)}: {e}") from None
         if not _errors.is_traced(state, group) and int(code):
             raise ValueError(f"close: {_message(cfg, state, int(code), group, 0.0)}")
         return new_state
@@ -196,7 +238,14 @@ def grpo(
         """∇L = −(1/Z) Σ_i A_i w_i h_i, float32, shaped like params."""
         if not _errors.is_traced(state):
             check(cfg, state)
-        return _group_ops.finalize(cfg, state)
+        grads = ops.finalize(cfg, state)
+        if cfg.deterministic and not _errors.is_traced(state):
+            if not bool(_errors.tree_all_finite(grads)):
+                raise ValueError(
+                    "finalize: the exact tally's value overflowed float32 (a gradient sum "
+                    "past ~3.4e38)"
+                )
+        return grads
 
     def loss_weight(num_tokens):
         """w_i of this accumulator's loss_agg mode."""

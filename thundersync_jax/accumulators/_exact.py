@@ -1,0 +1,204 @@
+"""Exactly associative tallies: fixed-point sums in int32 limbs (no jax_enable_x64).
+
+A float32 tally's bits depend on the order of its adds; an integer sum's do
+not. An `ExactSum` holds, per leaf, NUM_LIMBS int32 limbs of LIMB_BITS-bit
+digits at *absolute* binary positions: limb a weighs 2^(LIMB_BITS·a). Each
+leaf has one window, the NUM_LIMBS limbs ending at `top`; `top` is the running
+maximum over every add of the leaf's largest exponent, so it depends on the
+set of values added, not on their order.
+
+Every input x is truncated toward zero at the window's lowest position, digit
+by digit: digit a of x is sign(x)·(⌊|x|/2^(L·a)⌋ mod 2^L), the same integer
+whatever the window was when x arrived. When `top` rises, the lowest limbs
+drop wholesale; what they held is exactly the digits an input arriving after
+the rise would have truncated. So every kept limb is Σ_i digit_a(x_i), an
+integer independent of arrival order, and the float32 read-out is a pure
+function of those integers: any permutation of adds gives the same bits.
+
+Accuracy: the window keeps L·(NUM_LIMBS − 1) = 42 bits below the leaf's
+largest value, so each add loses at most 2^-42 of that value (float32 itself
+rounds at 2^-24). Range: limbs are never carry-normalised while adding (that
+would move dropped digits into kept limbs), so each limb has 31 − L bits of
+headroom; more than MAX_ADDS adds into one tally is an overflow, which the
+callers record as an error instead of wrapping silently.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LIMB_BITS = 14
+NUM_LIMBS = 4
+# |digit| < 2^L, so n adds keep |limb| < n·2^L; carry normalisation at read-out adds < 2^L.
+MAX_ADDS = 2 ** (31 - LIMB_BITS) - 2
+_MASK = (1 << LIMB_BITS) - 1
+# Window top of an empty tally: the one a zero (biased exponent 0) would choose.
+EMPTY_TOP = (0 - 127) // LIMB_BITS
+
+
+class ExactSum(NamedTuple):
+    """A stack of exactly associative tallies shaped like params.
+
+    Shapes: `lead` = the stack's leading axes (() for one tally, (S, nb) for
+    reward buckets), L = NUM_LIMBS.
+
+    Attributes:
+      limbs: int32 pytree like params, each leaf [*lead, L, *leaf.shape]; limb i
+        weighs 2^(LIMB_BITS·(top − L + 1 + i)).
+      top: int32 pytree like params, each leaf [*lead]: absolute index of the
+        leaf's highest limb.
+      adds: int32 [*lead], adds into each tally (the headroom guard).
+    """
+
+    limbs: Any
+    top: Any
+    adds: jax.Array
+
+
+def zeros(params, *lead: int) -> ExactSum:
+    """Empty exact tallies for params' structure, with leading stack axes `lead`."""
+    lead = tuple(lead)
+    return ExactSum(
+        limbs=jax.tree.map(
+            lambda p: jnp.zeros(lead + (NUM_LIMBS,) + tuple(jnp.shape(p)), jnp.int32), params
+        ),
+        top=jax.tree.map(lambda p: jnp.asarray(np.full(lead, EMPTY_TOP, np.int32)), params),
+        adds=jnp.asarray(np.zeros(lead, np.int32)),
+    )
+
+
+def shapes_of(tally: ExactSum):
+    """ShapeDtypeStructs of the params a single (lead ()) tally was made for."""
+    return jax.tree.map(
+        lambda limbs: jax.ShapeDtypeStruct(limbs.shape[1:], jnp.float32), tally.limbs
+    )
+
+
+def _leaf_top(x):
+    """Absolute limb index that holds |x| for every element of leaf x."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    biased = jnp.max((bits >> 23) & 0xFF) if x.size else jnp.int32(0)
+    # |x| < 2^(biased − 127 + 1) <= 2^(L·(top + 1)) with top = (biased − 127) // L.
+    return jnp.floor_divide(biased - 127, LIMB_BITS).astype(jnp.int32)
+
+
+def _digits(x, top):
+    """The NUM_LIMBS signed digits of x (truncated toward zero) under a window ending at top."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    biased = (bits >> 23) & 0xFF
+    frac = bits & 0x7FFFFF
+    mantissa = jnp.where(biased > 0, frac | 0x800000, frac)  # |x| = mantissa · 2^exponent
+    exponent = jnp.maximum(biased, 1) - 150
+    negative = bits < 0
+    digits = []
+    for i in range(NUM_LIMBS):
+        shift = exponent - LIMB_BITS * (top - NUM_LIMBS + 1 + i)
+        # Left shifts wrap past bit 31 but keep the low L bits, which are all we take.
+        left = mantissa << jnp.clip(shift, 0, 31)
+        right = mantissa >> jnp.clip(-shift, 0, 31)
+        part = jnp.where(shift >= 0, left, right)
+        if i < NUM_LIMBS - 1:
+            part = part & _MASK  # the top digit is < 2^L by the choice of top
+        digits.append(jnp.where(negative, -part, part))
+    return jnp.stack(digits)
+
+
+def _raise_window(limbs, top, new_top):
+    """Moves a leaf's window up to new_top; limbs below the new window drop wholesale."""
+    delta = new_top - top
+    source = jnp.arange(NUM_LIMBS) + delta
+    kept = (source < NUM_LIMBS).reshape((NUM_LIMBS,) + (1,) * (limbs.ndim - 1))
+    moved = jnp.take(limbs, jnp.minimum(source, NUM_LIMBS - 1), axis=0)
+    return jnp.where(kept, moved, 0)
+
+
+def add_leaf(limbs, top, x, ok):
+    """One leaf's (limbs [L, ...], top) plus x (float32, same shape) when ok; exact."""
+    x = jnp.where(ok, x.astype(jnp.float32), 0.0)
+    new_top = jnp.where(ok, jnp.maximum(top, _leaf_top(x)), top)
+    return _raise_window(limbs, top, new_top) + _digits(x, new_top), new_top
+
+
+def add(tally: ExactSum, values, ok, index=()) -> tuple[ExactSum, jax.Array]:
+    """Adds `values` (float32 pytree like params) into tally[index] when ok.
+
+    Returns (tally, overflow): an add that would pass MAX_ADDS is skipped and
+    reported instead (the caller records it as an error).
+    """
+    index = tuple(jnp.asarray(i, jnp.int32) for i in index)
+    overflow = ok & (tally.adds[index] >= MAX_ADDS)
+    ok = ok & ~overflow
+
+    def one(limbs, top, x):
+        new_limbs, new_top = add_leaf(limbs[index], top[index], x, ok)
+        return limbs.at[index].set(new_limbs), top.at[index].set(new_top)
+
+    treedef = jax.tree.structure(tally.limbs)
+    pairs = [
+        one(*leaves)
+        for leaves in zip(
+            treedef.flatten_up_to(tally.limbs),
+            treedef.flatten_up_to(tally.top),
+            treedef.flatten_up_to(values),
+            strict=True,
+        )
+    ]
+    limbs = treedef.unflatten([p[0] for p in pairs])
+    top = treedef.unflatten([p[1] for p in pairs])
+    adds = tally.adds.at[index].add(jnp.where(ok, 1, 0))
+    return ExactSum(limbs, top, adds), overflow
+
+
+def reset(tally: ExactSum, index, when) -> ExactSum:
+    """Empties tally[index] when `when` (a slot taken by a new group)."""
+    index = tuple(jnp.asarray(i, jnp.int32) for i in index)
+    limbs = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, 0, t[index])), tally.limbs)
+    top = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, EMPTY_TOP, t[index])), tally.top)
+    adds = tally.adds.at[index].set(jnp.where(when, 0, tally.adds[index]))
+    return ExactSum(limbs, top, adds)
+
+
+def _carry(limbs: list) -> list:
+    """Carries so limbs 0..L−2 lie in [0, 2^L); the integer value is unchanged."""
+    limbs = list(limbs)
+    for i in range(NUM_LIMBS - 1):
+        carry = limbs[i] >> LIMB_BITS  # arithmetic shift: floor division
+        limbs[i] = limbs[i] & _MASK
+        limbs[i + 1] = limbs[i + 1] + carry
+    return limbs
+
+
+def leaf_to_float(limbs, top):
+    """float32 value of one leaf's limbs [L, ...] with window top (a scalar)."""
+    normal = _carry([limbs[i] for i in range(NUM_LIMBS)])
+    negative = normal[-1] < 0  # lower limbs are >= 0 now, so the top limb has the sign
+    magnitude = _carry([jnp.where(negative, -d, d) for d in normal])
+    # Same-sign terms, largest first: no cancellation in the float32 sum.
+    value = jnp.zeros(limbs.shape[1:], jnp.float32)
+    for i in reversed(range(NUM_LIMBS)):
+        weight = jnp.float32(2.0 ** (LIMB_BITS * (i - NUM_LIMBS + 1)))
+        value = value + magnitude[i].astype(jnp.float32) * weight
+    value = jnp.ldexp(value, LIMB_BITS * top)
+    return jnp.where(negative, -value, value)
+
+
+@jax.jit
+def to_float(tally: ExactSum):
+    """float32 pytree like params: the value of a single (lead ()) tally."""
+    return jax.tree.map(leaf_to_float, tally.limbs, tally.top)
+
+
+def stack_to_float(limbs, top):
+    """Values of a stacked leaf limbs [n, L, ...] with tops [n] -> float32 [n, ...]."""
+    return jax.vmap(leaf_to_float)(limbs, top)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def add_donated(tally: ExactSum, values, ok) -> tuple[ExactSum, jax.Array]:
+    """`add` into a single tally, compiled once per structure (eager callers)."""
+    return add(tally, values, ok)
