@@ -19,7 +19,7 @@ from thundersync_jax import metrics
 from thundersync_jax.envs import agent_demos, agent_loop, verify
 from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
 from thundersync_jax.envs.swe import factory
-from thundersync_jax.learner import sft
+from thundersync_jax.learner import model_state, sft
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import snapshots
 from thundersync_jax.rollout.manager import EngineManager
@@ -89,16 +89,11 @@ def env_factory(config, tasks: list, workdir: str, step: int):
     return make
 
 
-def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3:
-    """The initial policy: an HF checkpoint, or a tiny model trained on demonstrations."""
-    if config.sft.steps == 0:
-        if config.model.checkpoint:
-            return qwen3.from_pretrained(config.model.checkpoint)
-        from flax import nnx
-
-        return qwen3.Qwen3(
-            qwen3.Qwen3Config.from_config_dict(config.model), rngs=nnx.Rngs(int(config.seed))
-        )
+def warm_start(config, tasks: list, tok, workdir: str) -> qwen3.Qwen3 | None:
+    """The policy trained on demonstrations, or None: then `learner.model_state` loads
+    `model.checkpoint` (shard by shard) or initializes randomly, directly on the mesh."""
+    if model_state.warm_start_steps(config) == 0:
+        return None
     limits = agent_loop.LoopLimits.from_config(config.rollout)
     examples = agent_demos.demonstration_examples(
         [lambda t=t: make_env(config, t, workdir) for t in tasks],

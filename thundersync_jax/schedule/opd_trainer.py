@@ -28,17 +28,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from thundersync_jax import accumulators, metrics, teacher
 from thundersync_jax.envs import agent_loop
-from thundersync_jax.learner import chunks, sft
+from thundersync_jax.learner import chunks, model_state, sft
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import (
-    init_train_state,
     log_skipped_update,
     make_apply_update,
-    make_optimizer,
 )
 from thundersync_jax.models import qwen3, tokenizer
 from thundersync_jax.schedule import components, opd_rollouts, terminal_setup
@@ -92,14 +89,11 @@ class _Run:
     apply_update: Any
 
 
-def _warm_start(config, examples, tok, cache: str) -> qwen3.Qwen3:
-    """The initial student: an HF checkpoint, a random init, or SFT on the demonstrations."""
-    if config.sft.steps == 0:
-        if config.model.checkpoint:
-            return qwen3.from_pretrained(config.model.checkpoint)
-        return qwen3.Qwen3(
-            qwen3.Qwen3Config.from_config_dict(config.model), rngs=nnx.Rngs(int(config.seed))
-        )
+def _warm_start(config, examples, tok, cache: str) -> qwen3.Qwen3 | None:
+    """The student trained on the demonstrations, or None (checkpoint or random init, made
+    on the learner mesh by `learner.model_state`)."""
+    if model_state.warm_start_steps(config) == 0:
+        return None
     result = sft.train_sft_from_config(config, examples, cache, name="student", progress=False)
     log.info("student warm start: %s (cache hit: %s)", result.path, result.cache_hit)
     return result.model
@@ -139,23 +133,21 @@ def train(config, workdir: str) -> dict:
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2))
 
-    tok = tokenizer.load(config.tokenizer.path or config.tokenizer.kind)
+    tok = tokenizer.for_run(config)
     tasks = terminal_setup.build_tasks(config)
     examples = terminal_setup.demonstrations(config, tasks, tok)
     cache = config.sft.cache_dir or workdir
-    model = _warm_start(config, examples, tok, cache)
-    graphdef, params = nnx.split(model, nnx.Param)
-    optimizer = make_optimizer(config.optim)
-    state = init_train_state(params, optimizer, int(config.seed))
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
-    restored = ckpt.restore_latest(state)
-    if restored is not None:
-        state = restored
+    built = model_state.build_learner_model(
+        config, warm_model=_warm_start(config, examples, tok, cache), checkpointer=ckpt
+    )
+    graphdef, optimizer, state = built.graphdef, built.optimizer, built.state
+    if built.resumed:
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
     components.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
-        export_final(graphdef, state.params, workdir)
+        export_final(graphdef, state.params, workdir, tok)
         ckpt.close()
         return {}
 
@@ -165,6 +157,8 @@ def train(config, workdir: str) -> dict:
         remat=bool(config.model.remat),
         pad_id=tok.pad_id,
         temperature=float(config.rollout.temperature),  # the student's sampling distribution
+        out_shardings=built.state_shardings.params,
+        rows=built.rows,
     )
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
     progress = metrics.StepProgress(
@@ -173,7 +167,7 @@ def train(config, workdir: str) -> dict:
     fleet = service = None
     last: dict = {}
     try:
-        fleet, service = _start_engines(config, workdir, tok, model.cfg, examples, cache)
+        fleet, service = _start_engines(config, workdir, tok, built.model_cfg, examples, cache)
         run = _Run(
             config=config,
             workdir=workdir,
@@ -196,7 +190,7 @@ def train(config, workdir: str) -> dict:
             every = int(config.checkpoint.every)
             if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
                 ckpt.save(state)
-        export_final(graphdef, state.params, workdir)
+        export_final(graphdef, state.params, workdir, tok)
     finally:
         progress.close()
         writer.close()

@@ -21,20 +21,15 @@ import queue
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from thundersync_jax import accumulators, metrics
 from thundersync_jax.envs import agent_loop
-from thundersync_jax.learner import chunks
+from thundersync_jax.learner import chunks, export, model_state
 from thundersync_jax.learner.checkpoint import Checkpointer
-from thundersync_jax.learner.train_state import (
-    init_train_state,
-    log_skipped_update,
-    make_apply_update,
-    make_optimizer,
-)
-from thundersync_jax.models import qwen3, tokenizer
+from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
+from thundersync_jax.models import tokenizer
 from thundersync_jax.schedule import components as setup
 from thundersync_jax.schedule import lora_policy, regularizers, rollouts
 from thundersync_jax.schedule.config_check import check_config
@@ -50,10 +45,9 @@ def _max_chunk_tokens(config) -> int:
     return int(config.rollout.max_traj_tokens) * max(1, int(config.rl.group_size))
 
 
-def export_final(graphdef, params, workdir: str) -> str:
-    path = os.path.join(workdir, "final")
-    qwen3.save_pretrained(nnx.merge(graphdef, params), path)
-    return path
+def export_final(graphdef, params, workdir: str, tok) -> str:
+    """DIR/final: weights, config.json, generation_config.json and the tokenizer."""
+    return export.export_policy(graphdef, params, os.path.join(workdir, "final"), tok)
 
 
 @dataclasses.dataclass
@@ -91,23 +85,25 @@ def train(config, workdir: str) -> dict:
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2))
 
-    tok = tokenizer.load(config.tokenizer.path or config.tokenizer.kind)
+    tok = tokenizer.for_run(config)
     tasks = setup.build_tasks(config, workdir)
-    model = setup.warm_start(config, tasks, tok, workdir)
-    graphdef, params = nnx.split(model, nnx.Param)
-    # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
-    policy = lora_policy.make_policy(config, params)
-    optimizer = make_optimizer(config.optim)
-    state = init_train_state(policy.trainable, optimizer, int(config.seed))
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
-    restored = ckpt.restore_latest(state)
-    if restored is not None:
-        state = restored
+    # Params, LoRA adapters and optimizer state are made (or restored) on the learner mesh.
+    # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
+    built = model_state.build_learner_model(
+        config,
+        warm_model=setup.warm_start(config, tasks, tok, workdir),
+        make_policy=lambda p: lora_policy.make_policy(config, p),
+        checkpointer=ckpt,
+    )
+    graphdef, params, policy = built.graphdef, built.params, built.policy
+    optimizer, state = built.optimizer, built.state
+    if built.resumed:
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
     setup.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
-        path = export_final(graphdef, policy.full_params(state.params), workdir)
+        path = export_final(graphdef, policy.full_params(state.params), workdir, tok)
         log.info(
             "nothing to train (step %d of %d); final policy at %s",
             first_step,
@@ -135,6 +131,8 @@ def train(config, workdir: str) -> dict:
         lora=policy.is_lora,
         pad_id=tok.pad_id,
         temperature=float(config.rollout.temperature),  # log-probs of what the engine sampled
+        out_shardings=built.state_shardings.params,
+        rows=built.rows,
     )
     reg_fn = None
     if reg_coefs:
@@ -143,7 +141,8 @@ def train(config, workdir: str) -> dict:
         reg_fn = regularizers.RegularizerGradFn(
             graphdef,
             tuple(reg_coefs),
-            reference_params=params,
+            # The update donates the state, whose params are `params` without LoRA: copy.
+            reference_params=params if policy.is_lora else jax.tree.map(jnp.copy, params),
             kl_estimator=rl.kl_estimator,
             seq_buckets=tuple(config.learner.seq_buckets),
             lora_adapters=policy.is_lora,
@@ -154,7 +153,7 @@ def train(config, workdir: str) -> dict:
     progress = metrics.StepProgress(
         config.num_steps, desc=f"grpo/{config.schedule}", initial=first_step
     )
-    fleet = setup.EngineFleet(config, workdir, tok, model.cfg)
+    fleet = setup.EngineFleet(config, workdir, tok, built.model_cfg)
     run = _Run(
         config=config,
         workdir=workdir,
@@ -186,7 +185,7 @@ def train(config, workdir: str) -> dict:
                 ckpt.save(state)
         if pending is not None:
             pending["thread"].join()
-        export_final(graphdef, policy.full_params(state.params), workdir)
+        export_final(graphdef, policy.full_params(state.params), workdir, tok)
     finally:
         progress.close()
         writer.close()
