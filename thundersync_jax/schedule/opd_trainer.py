@@ -31,7 +31,7 @@ import numpy as np
 
 from thundersync_jax import accumulators, metrics, teacher
 from thundersync_jax.envs import agent_loop
-from thundersync_jax.learner import chunks, model_state, sft
+from thundersync_jax.learner import chunks, model_state, placement, sft
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import (
     log_skipped_update,
@@ -126,6 +126,7 @@ def _start_engines(config, workdir, tok, student_cfg, examples, cache):
 
 def train(config, workdir: str) -> dict:
     """Runs (or resumes) OPD training; returns the last step's metrics."""
+    placement.apply_learner_env(config)  # before JAX starts: its GPUs, no 75% grab
     check_opd_config(config)
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)

@@ -26,7 +26,7 @@ import numpy as np
 
 from thundersync_jax import accumulators, metrics
 from thundersync_jax.envs import agent_loop
-from thundersync_jax.learner import chunks, export, model_state
+from thundersync_jax.learner import chunks, export, model_state, placement
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.models import tokenizer
@@ -76,6 +76,7 @@ class _Run:
 
 def train(config, workdir: str) -> dict:
     """Runs (or resumes) training; returns the last step's metrics."""
+    placement.apply_learner_env(config)  # before JAX starts: its GPUs, no 75% grab
     check_config(config)
     lora_policy.check_lora_config(config)
     reg_coefs = regularizers.term_coefficients(config.rl)  # also rejects a bad kl_estimator
