@@ -8,6 +8,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from configs import cpu
+from thundersync_jax import accumulators
 from thundersync_jax.learner import model_state
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import make_apply_update
@@ -44,6 +45,10 @@ def test_bf16_params_f32_moments_all_sharded_like_the_params():
         assert m.dtype == jnp.float32 and m.sharding == q.sharding
     assert built.state.step.sharding.spec == P()
     assert built.rows.spec == P("fsdp", None)
+    # accumulator tallies (float32) are laid out like the params they sum gradients of
+    tallies = accumulators.grpo(num_groups=2, group_size=2).init(built.state.params)
+    q_tally = _leaf(tallies.total, "layers", 0, "self_attn", "q_proj", "kernel")
+    assert q_tally.dtype == jnp.float32 and q_tally.sharding == q.sharding
     # the graphdef computes in model.dtype over the stored dtype
     logits = nnx.merge(built.graphdef, built.params)(jnp.ones((1, 4), jnp.int32))
     assert logits.shape == (1, 4, 384)
