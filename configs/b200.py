@@ -6,7 +6,16 @@
 Model: Qwen3-32B's attention and width (hidden 5120, 64 layers, 64 query / 8 key-value heads
 of 128, vocabulary 151936, untied head) with an MLP of 19456: 26.7B parameters (Qwen3-32B's
 25600 would be 32.8B, too large for full fine-tuning on half an H200 node); bf16, remat.
-Point `--config.model.checkpoint=DIR` at an HF safetensors directory to start from real weights.
+Point `--config.model.checkpoint=DIR` at an HF Qwen3 directory to start from real weights: its
+config.json sets the architecture, its tokenizer (and chat template) replaces the byte tokenizer
+(`tokenizer.kind="auto"`), the weights are read shard by shard onto the learner mesh in
+`model.param_dtype`, and the SFT warm start is skipped (`sft.on_checkpoint=False`).
+
+Check a recipe without GPUs (compiles the score-gradient chunk and the optimizer update at
+these shapes and shardings on fake CPU devices, from abstract params; prints the planner's
+per-device GB; exit 0 when it fits; ~2.5 CPU-min per variant, see BENCHMARKS.md issue 18):
+
+    python -m experiments.swe_grpo --config=configs/b200.py:full --dry_run
 
 Node split (`c.node`): rollout engines and the learner run at the same time on disjoint GPUs, so
 gradient streaming overlaps the learner's backward passes with the rollouts.

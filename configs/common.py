@@ -41,7 +41,8 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.num_steps = 20
     c.schedule = "stream"  # sync | group | stream | async
     c.model = tiny_qwen3_model()
-    c.tokenizer = ml_collections.ConfigDict(dict(kind="byte", path=""))
+    # kind: auto (model.checkpoint's tokenizer if it has one, else byte) | byte | hf (path).
+    c.tokenizer = ml_collections.ConfigDict(dict(kind="auto", path=""))
     c.mesh = ml_collections.ConfigDict(
         dict(fsdp=1, tp=1, rules=())
     )  # rules: ((logical, mesh axis), ...) over the defaults
@@ -125,6 +126,15 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.sft = ml_collections.ConfigDict(
         # cache_dir "" = workdir. decoys: also imitate a failed (no-op edit) attempt per task,
         # so the warm start keeps a choice at the edit that only the reward can settle.
-        dict(steps=200, learning_rate=3e-3, batch_size=8, cache_dir="", decoys=False)
+        # on_checkpoint: also run the warm start when model.checkpoint is given (off: a user's
+        # checkpoint, possibly 27B, is not fine-tuned on the toy demonstrations by default).
+        dict(
+            steps=200,
+            learning_rate=3e-3,
+            batch_size=8,
+            cache_dir="",
+            decoys=False,
+            on_checkpoint=False,
+        )
     )
     return c

@@ -12,7 +12,9 @@ only the memory budget differs (127 GB usable per GPU after 10% runtime headroom
         params, one f32 gradient, one global f32 tally and f32 Adam moments of 26.7B params
         are 96 GB per learner GPU, so there is no room for open-group tallies (group
         schedule) and chunks stop at 4k tokens (~25 GB of activations).
-Print the plan with `python -m thundersync_jax.learner.memory --config=configs/h200.py:full`.
+Print the plan with `python -m thundersync_jax.learner.memory --config=configs/h200.py:full`;
+compile the learner at these shapes on fake CPU devices (nothing allocated) with
+`python -m experiments.swe_grpo --config=configs/h200.py:full --dry_run`.
 """
 
 from __future__ import annotations

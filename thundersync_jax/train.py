@@ -32,7 +32,7 @@ import jax
 from thundersync_jax import algorithms, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import agent_loop, task_families
-from thundersync_jax.learner import regularizers
+from thundersync_jax.learner import placement, regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.schedule import components, episodes, schedules
@@ -129,19 +129,19 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
       entry_algorithm: the algorithm the calling entry point is for; a config asking for
         another is a ConfigError (None: whatever `rl.algorithm` says).
     """
+    placement.apply_learner_env(config)  # before JAX starts: its own GPUs, no 75% grab
     algo, schedule, family = check(config, entry_algorithm)
     workdir = _prepare_workdir(config, workdir)
-    built = build_policy(config, family, workdir)
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
+    built = build_policy(config, family, workdir, checkpointer=ckpt)
     state = built.state
-    restored = ckpt.restore_latest(state)
-    if restored is not None:
-        state = restored
+    if built.resumed:
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
     components.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
-        path = export_final(built.graphdef, built.policy.full_params(state.params), workdir)
+        full = built.policy.full_params(state.params)
+        path = export_final(built.graphdef, full, workdir, built.tok)
         log.info("nothing to train (step %d of %d); final policy at %s", first_step,
                  config.num_steps, path)  # fmt: skip
         ckpt.close()
@@ -149,7 +149,13 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
 
     learner = algo.make_learner(
         algorithms.LearnerSetup(
-            config, built.graphdef, built.reference_params, built.policy.is_lora, built.tok.pad_id
+            config,
+            built.graphdef,
+            built.reference_params,
+            built.policy.is_lora,
+            built.tok.pad_id,
+            grad_shardings=built.learner.state_shardings.params,
+            rows=built.learner.rows,
         )
     )
     writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
@@ -185,7 +191,7 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
             every = int(config.checkpoint.every)
             if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
                 ckpt.save(state)
-        export_final(built.graphdef, built.policy.full_params(state.params), workdir)
+        export_final(built.graphdef, built.policy.full_params(state.params), workdir, built.tok)
     finally:
         progress.close()
         writer.close()

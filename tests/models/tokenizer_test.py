@@ -105,3 +105,63 @@ def test_from_config():
     tok = tokenizer.from_config(cfg)
     assert isinstance(tok, tokenizer.ByteTokenizer) and tok.vocab_size == cfg.model.vocab_size
     assert isinstance(tok, tokenizer.Tokenizer)
+
+
+def _user_checkpoint(path, vocab_size):
+    """A checkpoint directory: config.json with `vocab_size` + a tokenizer with a template."""
+    import json
+
+    from thundersync_jax.envs import chat
+
+    texts = ["def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3"] * 10
+    tok = tokenizer.train_bpe(
+        texts, str(path), vocab_size=300, chat_template=chat.QWEN3_CHAT_TEMPLATE
+    )
+    config = dict(
+        model_type="qwen3",
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
+    with open(path / "config.json", "w") as f:
+        json.dump(config, f)
+    return tok
+
+
+def test_run_tokenizer_comes_from_the_checkpoint_unless_overridden(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    made = _user_checkpoint(ckpt, vocab_size=320)
+    cfg = common.get_base_config()
+    cfg.model.checkpoint = str(ckpt)
+    tok = tokenizer.for_run(cfg)
+    assert isinstance(tok, tokenizer.HFTokenizer) and tok.chat_format == "template"
+    assert tok.vocab_size == made.vocab_size and tok.eos_id == made.eos_id
+    cfg.tokenizer.kind = "byte"  # override: the byte tokenizer, sized to the checkpoint's model
+    byte = tokenizer.for_run(cfg)
+    assert isinstance(byte, tokenizer.ByteTokenizer) and byte.vocab_size == 320
+    cfg.tokenizer.kind, cfg.tokenizer.path = "auto", str(ckpt)  # an explicit directory
+    assert isinstance(tokenizer.for_run(cfg), tokenizer.HFTokenizer)
+    cfg.tokenizer.kind, cfg.tokenizer.path = "hf", ""
+    with pytest.raises(ValueError, match="kind='hf' needs config.tokenizer.path"):
+        tokenizer.for_run(cfg)
+    cfg.tokenizer.kind = "words"
+    with pytest.raises(ValueError, match="tokenizer.kind='words'"):
+        tokenizer.for_run(cfg)
+
+
+def test_a_vocabulary_the_model_cannot_embed_is_a_clear_error(tmp_path):
+    ckpt = tmp_path / "small"
+    made = _user_checkpoint(ckpt, vocab_size=200)  # the tokenizer has more ids
+    cfg = common.get_base_config()
+    cfg.model.checkpoint = str(ckpt)
+    with pytest.raises(
+        ValueError, match=rf"has {made.vocab_size} ids but the model.s vocab_size is 200"
+    ):
+        tokenizer.for_run(cfg)
+    cfg.model.checkpoint, cfg.model.vocab_size = "", 100  # byte tokenizer needs >= 268 rows
+    with pytest.raises(ValueError, match="ByteTokenizer needs vocab_size >="):
+        tokenizer.for_run(cfg)

@@ -79,7 +79,8 @@ def _one_step(graphdef, params, trajs, config):
     optimizer = make_optimizer(config.optim)
     state = init_train_state(policy.trainable, optimizer, 0)
     grads = learner.finalize(batch)
-    new_state, finite, _ = make_apply_update(optimizer)(state, grads)
+    # donate=False: the tests compare the state before and after the step.
+    new_state, finite, _ = make_apply_update(optimizer, donate=False)(state, grads)
     assert bool(finite)
     return policy, batch, state, grads, new_state
 

@@ -25,6 +25,8 @@ def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
         lora=setup.lora,
         pad_id=setup.pad_id,
         temperature=float(c.rollout.temperature),  # log-probs of what the engine sampled
+        out_shardings=setup.grad_shardings,
+        rows=setup.rows,
     )
 
 

@@ -143,6 +143,8 @@ class LearnerSetup(NamedTuple):
       reference_params: the frozen warm start's full params (KL reference, LoRA base).
       lora: whether the trainable params are LoRA adapters.
       pad_id: the tokenizer's padding id.
+      grad_shardings: NamedShardings of the trainable params (score gradients land there).
+      rows: NamedSharding of chunk rows ([B, T] split over the mesh's "fsdp").
     """
 
     config: Any
@@ -150,6 +152,8 @@ class LearnerSetup(NamedTuple):
     reference_params: Any
     lora: bool
     pad_id: int
+    grad_shardings: Any = None
+    rows: Any = None
 
 
 class Algorithm(NamedTuple):

@@ -271,7 +271,11 @@ def get_format(tok_or_name: Any, enable_thinking: bool = True) -> ChatFormat:
         return Qwen3Format(enable_thinking=enable_thinking)
     if name == "compact":
         return CompactFormat()
-    raise ValueError(f"unknown chat format {name!r}; valid: 'qwen3', 'compact'")
+    if name == "template" and not isinstance(tok_or_name, str):  # the tokenizer's own jinja
+        from thundersync_jax.envs.hf_chat import TemplateFormat
+
+        return TemplateFormat(tok_or_name.hf)
+    raise ValueError(f"unknown chat format {name!r}; valid: 'qwen3', 'compact', 'template'")
 
 
 def apply_chat_template(

@@ -76,8 +76,10 @@ class ScoreGradFn:
         pad_id: int = 0,
         out_shardings: Any = None,
         temperature: float = 1.0,
+        rows: Any = None,
     ):
         self.graphdef = graphdef
+        self.rows = rows
         self.temperature = check_temperature(temperature)
         self.seq_buckets = buckets.validate_buckets(seq_buckets)
         self.remat = bool(remat)
@@ -134,8 +136,25 @@ class ScoreGradFn:
         chunk = buckets.pad_chunk(tokens, loss_mask, token_weights, self.seq_buckets, self.pad_id)
         if not np.all((chunk.loss_mask == 0) | (chunk.loss_mask == 1)):
             raise ValueError("loss_mask must hold only 0 and 1 (put weights in token_weights)")
-        h = self._jitted(params, base_params, chunk.tokens, chunk.loss_mask, chunk.token_weights)
+        arrays = (chunk.tokens, chunk.loss_mask, chunk.token_weights)
+        if self.rows is not None:
+            arrays = place_rows(arrays, self.rows)
+        h = self._jitted(params, base_params, *arrays)
         return h, int(chunk.loss_mask.sum())
+
+
+def place_rows(arrays: Sequence[np.ndarray], rows: Any) -> tuple[jax.Array, ...]:
+    """[B, T] chunk arrays put on `rows` (a NamedSharding splitting B over "fsdp").
+
+    B is padded with zero rows (token 0, mask 0, weight 0: they add exactly 0 to h) to a
+    multiple of the "fsdp" size; with fewer real rows than devices each device still does
+    one row's work, the same as running the chunk replicated.
+    """
+    ways = int(rows.mesh.shape["fsdp"])
+    pad = -arrays[0].shape[0] % ways
+    if pad:
+        arrays = [np.pad(a, ((0, pad), (0, 0))) for a in arrays]
+    return tuple(jax.device_put(a, rows) for a in arrays)
 
 
 def make_score_grad_fn(
@@ -147,6 +166,7 @@ def make_score_grad_fn(
     pad_id: int = 0,
     out_shardings: Any = None,
     temperature: float = 1.0,
+    rows: Any = None,
 ) -> ScoreGradFn:
     """Builds the jitted score-gradient function for a model structure (`nnx.split` graphdef).
 
@@ -161,9 +181,11 @@ def make_score_grad_fn(
         gradient lands laid out like the parameters and the accumulator tallies.
       temperature: the rollout sampling temperature; log π = log_softmax(logits / temperature),
         so the gradient is the one of the distribution the engine sampled from.
+      rows: optional NamedSharding for the chunk's rows (`learner.mesh.batch_sharding`):
+        rows are split over "fsdp" (padded with zero rows to a multiple of its size).
 
     Returns:
       fn(params, tokens, loss_mask, token_weights=None, base_params=None) -> (h, n), with
       `fn.compiles` counting compilations.
     """
-    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature)
+    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature, rows)

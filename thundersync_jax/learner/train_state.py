@@ -6,6 +6,7 @@ position) so Orbax can checkpoint it whole and a restarted run resumes exactly.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -13,6 +14,8 @@ import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
+# Adam's moments stay float32 whatever `model.param_dtype` is (DESIGN §7).
+MOMENT_DTYPE = jnp.float32
 
 
 class TrainState(NamedTuple):
@@ -44,14 +47,32 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
         cfg.learning_rate, cfg.get("warmup_steps", 0), cfg.get("decay_steps", 0)
     )
     if name == "adamw":
-        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
+        opt = optax.adamw(
+            lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mu_dtype=MOMENT_DTYPE
+        )
     elif name == "adam":
-        opt = optax.adam(lr, b1=cfg.b1, b2=cfg.b2)
+        opt = optax.adam(lr, b1=cfg.b1, b2=cfg.b2, mu_dtype=MOMENT_DTYPE)
     else:
         opt = optax.sgd(lr)
     if cfg.max_grad_norm and cfg.max_grad_norm > 0:
         opt = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), opt)
-    return opt
+    return float32_state(opt)
+
+
+def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` with every parameter-shaped state leaf (Adam's mu and nu) in float32.
+
+    optax's `mu_dtype` fixes only the first moment; the second is `zeros_like(params)`, so
+    bfloat16 params would get a bfloat16 nu, whose 8-bit mantissa squares gradients into
+    steps that are off by percents. Initializing on float32 stand-ins makes both moments
+    float32 by choice; updates still come out float32 and `optax.apply_updates` casts the
+    new params back to their own dtype.
+    """
+
+    def init(params):
+        return inner.init(jax.tree.map(lambda p: p.astype(MOMENT_DTYPE), params))
+
+    return optax.GradientTransformation(init, inner.update)
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, decay_steps: int = 0):
@@ -96,8 +117,14 @@ def init_train_state(params, optimizer: optax.GradientTransformation, seed: int)
     )
 
 
-def make_apply_update(optimizer: optax.GradientTransformation, skip_zero_grad: bool = False):
+def make_apply_update(
+    optimizer: optax.GradientTransformation, skip_zero_grad: bool = False, donate: bool = True
+):
     """Returns jitted `apply(state, grads) -> (state, applied, grad_norm)`.
+
+    With `donate` (the default) the old state's buffers are given to the new state: at scale
+    params + optimizer state are most of the device, and a second copy would not fit. The
+    caller must not touch the `state` it passed in afterwards (it is deleted).
 
     A non-finite gradient leaves params and optimizer state untouched (the step
     is skipped, `applied` False) but still advances `step` and `data_position`, so
@@ -109,7 +136,7 @@ def make_apply_update(optimizer: optax.GradientTransformation, skip_zero_grad: b
     real gradient, for tens of steps), which wrecks a small, sharp policy.
     """
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=(0,) if donate else ())
     def apply(state: TrainState, grads):
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
@@ -143,3 +170,56 @@ def log_skipped_update(log, step: int, grad_norm) -> None:
         log.info("step %d: zero gradient (every group's rewards were equal); update skipped", step)
     else:
         log.warning("step %d: non-finite gradient (norm %s); update skipped", step, grad_norm)
+
+
+def _param_shaped(tree: Any, like_treedef, like_shapes) -> bool:
+    leaves = jax.tree.leaves(tree)
+    return (
+        jax.tree.structure(tree) == like_treedef and [tuple(x.shape) for x in leaves] == like_shapes
+    )
+
+
+def state_shardings(abstract_state: TrainState, trainable_shardings: Any, replicated) -> Any:
+    """Shardings of a train state: params and every param-shaped optimizer subtree (Adam's
+    moments) laid out like the trainable params; counters, RNG and the rest `replicated`."""
+    treedef = jax.tree.structure(abstract_state.params)
+    shapes = [tuple(x.shape) for x in jax.tree.leaves(abstract_state.params)]
+    opt = jax.tree.map(
+        lambda sub: trainable_shardings if _param_shaped(sub, treedef, shapes) else replicated,
+        abstract_state.opt_state,
+        is_leaf=lambda sub: (
+            _param_shaped(sub, treedef, shapes)
+            or not jax.tree.leaves(sub)
+            or isinstance(sub, (jax.ShapeDtypeStruct, jax.Array))
+        ),
+    )
+    return TrainState(
+        step=replicated,
+        params=trainable_shardings,
+        opt_state=opt,
+        rng=replicated,
+        data_position=replicated,
+    )
+
+
+def init_sharded_train_state(
+    trainable: Any, optimizer: optax.GradientTransformation, seed: int, shardings: TrainState
+) -> TrainState:
+    """`init_train_state` with every leaf created directly on its sharding (`state_shardings`).
+
+    The trainable params are placed on their shardings (no copy when they already are);
+    the optimizer state is made by one jitted init whose outputs land sharded, so no moment
+    ever exists whole on one device.
+    """
+    params = jax.device_put(trainable, shardings.params)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    rest = jax.device_put(
+        (jnp.zeros((), jnp.int32), jax.random.key_data(jax.random.key(seed))), shardings.step
+    )
+    return TrainState(
+        step=rest[0],
+        params=params,
+        opt_state=opt_state,
+        rng=rest[1],
+        data_position=jax.device_put(jnp.zeros((), jnp.int32), shardings.data_position),
+    )

@@ -246,11 +246,59 @@ def load(spec: str, vocab_size: int = 384) -> ByteTokenizer | HFTokenizer:
     return HFTokenizer(spec)
 
 
+TOKENIZER_KINDS = ("auto", "byte", "hf")
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(
+        os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+    )
+
+
+def for_run(config) -> ByteTokenizer | HFTokenizer:
+    """The run's tokenizer, checked against the model's vocabulary.
+
+    `tokenizer.path` (an HF directory) overrides everything; `tokenizer.kind="byte"` forces
+    the byte tokenizer; "hf" needs `tokenizer.path`; "auto" (the default) takes the tokenizer
+    of `model.checkpoint` when that directory has one, else the byte tokenizer. An HF
+    tokenizer with a chat template renders conversations with that template.
+
+    Args:
+      config: the run config; `model.vocab_size` is the checkpoint's own when one is given.
+    """
+    kind, path = str(config.tokenizer.kind), str(config.tokenizer.path or "")
+    checkpoint = str(config.model.get("checkpoint", "") or "")
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"config.tokenizer.kind={kind!r}; valid: {TOKENIZER_KINDS}")
+    if kind == "hf" and not path:
+        raise ValueError("config.tokenizer.kind='hf' needs config.tokenizer.path (a directory)")
+    if not path and kind == "auto" and checkpoint and _has_tokenizer(checkpoint):
+        path = checkpoint
+    vocab = int(config.model.vocab_size)
+    if checkpoint:  # the architecture (and so the vocabulary) is the checkpoint's
+        from thundersync_jax.models import qwen3
+
+        vocab = qwen3.read_config(checkpoint).vocab_size
+    if path and kind != "byte":
+        tok = HFTokenizer(path, chat_format="qwen3")
+        if getattr(tok.hf, "chat_template", None):
+            tok.chat_format = "template"
+    else:
+        tok = ByteTokenizer(vocab_size=vocab)
+    check_vocab(tok, vocab, where=path or kind)
+    return tok
+
+
+def check_vocab(tok, model_vocab_size: int, where: str = "") -> None:
+    """ValueError when the tokenizer can produce ids the model's embedding has no row for."""
+    if tok.vocab_size > model_vocab_size:
+        raise ValueError(
+            f"tokenizer {where or tok!r} has {tok.vocab_size} ids but the model's vocab_size is "
+            f"{model_vocab_size}: ids >= {model_vocab_size} have no embedding row; use the "
+            "checkpoint's own tokenizer or a model with vocab_size >= the tokenizer's"
+        )
+
+
 def from_config(cfg) -> ByteTokenizer | HFTokenizer:
-    """Tokenizer from a config's `tokenizer` section (kind="byte"|"hf", path) and model vocab."""
-    kind = cfg.tokenizer.kind
-    if kind == "byte":
-        return ByteTokenizer(vocab_size=int(cfg.model.vocab_size))
-    if kind == "hf":
-        return HFTokenizer(cfg.tokenizer.path)
-    raise ValueError(f"config.tokenizer.kind must be 'byte' or 'hf', got {kind!r}")
+    """Tokenizer from a config's `tokenizer` section and model (same as `for_run`)."""
+    return for_run(cfg)

@@ -1,8 +1,9 @@
 """What the training loop builds once per run: the policy and its train state, the engines.
 
 `build_policy` is the one place where the tokenizer, the warm-started model, its params, the
-trainable side (full or LoRA), the optimizer and the train state are created, so a sharded
-or checkpoint-loading variant replaces one call. `start_engines` starts the student's
+trainable side (full or LoRA), the optimizer and the train state are created: on the
+learner mesh of `config.mesh` (`learner.model_state`), restored from the newest checkpoint
+when one exists. `start_engines` starts the student's
 engines and the algorithm's services (OPD's teacher) side by side.
 """
 
@@ -16,10 +17,11 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from flax import nnx
+import jax
+import jax.numpy as jnp
 
-from thundersync_jax.learner import sft
-from thundersync_jax.learner.train_state import TrainState, init_train_state, make_optimizer
+from thundersync_jax.learner import export, model_state, regularizers, sft
+from thundersync_jax.learner.train_state import TrainState
 from thundersync_jax.models import qwen3, tokenizer
 from thundersync_jax.schedule import components, lora_policy
 
@@ -38,7 +40,9 @@ class BuiltPolicy(NamedTuple):
       reference_params: the warm start's full params (frozen: KL reference, LoRA base).
       policy: the trainable side (`lora_policy.Policy`).
       optimizer: the optax transformation.
-      state: the initial train state (before any checkpoint is restored).
+      state: the train state on its shardings (restored from the newest checkpoint if any).
+      resumed: whether `state` came from a checkpoint.
+      learner: the `model_state.LearnerModel` (mesh, shardings, chunk-row sharding).
     """
 
     tok: Any
@@ -50,41 +54,47 @@ class BuiltPolicy(NamedTuple):
     policy: lora_policy.Policy
     optimizer: Any
     state: TrainState
+    resumed: bool
+    learner: model_state.LearnerModel
 
 
-def warm_start(config, examples: Callable[[], list], workdir: str) -> qwen3.Qwen3:
-    """The initial policy: an HF checkpoint, a random init, or SFT on the demonstrations."""
-    if config.sft.steps == 0:
-        if config.model.checkpoint:
-            return qwen3.from_pretrained(config.model.checkpoint)
-        return qwen3.Qwen3(
-            qwen3.Qwen3Config.from_config_dict(config.model), rngs=nnx.Rngs(int(config.seed))
-        )
+def warm_start(config, examples: Callable[[], list], workdir: str) -> qwen3.Qwen3 | None:
+    """The policy trained on the demonstrations, or None: then `learner.model_state` loads
+    `model.checkpoint` (shard by shard) or initializes randomly, directly on the mesh."""
+    if model_state.warm_start_steps(config) == 0:
+        return None
     cache = config.sft.cache_dir or workdir  # tests share one warm start across runs
     result = sft.train_sft_from_config(config, examples(), cache, name="student")
     log.info("warm start: %s (cache hit: %s)", result.path, result.cache_hit)
     return result.model
 
 
-def build_policy(config, family, workdir: str) -> BuiltPolicy:
-    """Tokenizer, tasks, warm-started model, trainable params, optimizer and train state."""
-    tok = tokenizer.load(config.tokenizer.path or config.tokenizer.kind)
+def build_policy(config, family, workdir: str, checkpointer=None) -> BuiltPolicy:
+    """Tokenizer, tasks, warm start, trainable params, optimizer and train state, on the mesh."""
+    tok = tokenizer.for_run(config)
     tasks = family.build_tasks(config, workdir)
     examples = functools.cache(lambda: family.demonstrations(config, tasks, tok, workdir))
-    model = warm_start(config, examples, workdir)
-    graphdef, params = nnx.split(model, nnx.Param)
     # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
-    policy = lora_policy.make_policy(config, params)
-    optimizer = make_optimizer(config.optim)
-    state = init_train_state(policy.trainable, optimizer, int(config.seed))
-    return BuiltPolicy(tok, tasks, examples, model.cfg, graphdef, params, policy, optimizer, state)
+    built = model_state.build_learner_model(
+        config,
+        warm_model=warm_start(config, examples, workdir),
+        make_policy=lambda p: lora_policy.make_policy(config, p),
+        checkpointer=checkpointer,
+    )
+    reference = built.params
+    if not built.policy.is_lora and regularizers.term_coefficients(config.rl):
+        # The update donates the state, whose params are `params` without LoRA: the
+        # regularizers' frozen reference needs its own copy.
+        reference = jax.tree.map(jnp.copy, built.params)
+    return BuiltPolicy(
+        tok, tasks, examples, built.model_cfg, built.graphdef, reference, built.policy,
+        built.optimizer, built.state, built.resumed, built,
+    )  # fmt: skip
 
 
-def export_final(graphdef, params, workdir: str) -> str:
-    """The final policy as an HF directory, DIR/final/."""
-    path = os.path.join(workdir, "final")
-    qwen3.save_pretrained(nnx.merge(graphdef, params), path)
-    return path
+def export_final(graphdef, params, workdir: str, tok) -> str:
+    """DIR/final: weights, config.json, generation_config.json and the tokenizer."""
+    return export.export_policy(graphdef, params, os.path.join(workdir, "final"), tok)
 
 
 def start_engines(config, workdir: str, built: BuiltPolicy, algo) -> tuple[Any, Any]:

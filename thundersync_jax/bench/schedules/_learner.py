@@ -70,7 +70,7 @@ class BenchLearner:
         graphdef, params = nnx.split(model, nnx.Param)
         self.score_fn = chunks.make_score_grad_fn(graphdef, self.seq_buckets, pad_id=PAD_ID)
         optimizer = make_optimizer(optim_cfg)
-        self.apply_update = make_apply_update(optimizer)
+        self.apply_update = make_apply_update(optimizer, donate=False)  # advance=False keeps it
         self.state = init_train_state(params, optimizer, seed)
         self.grpo = None  # the GRPO BatchLearner of the current batch shape
         self.batch = None  # its per-batch state

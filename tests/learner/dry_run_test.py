@@ -1,0 +1,92 @@
+"""`--dry_run`: the learner of a config compiled on fake CPU devices from abstract params."""
+
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import cpu
+from thundersync_jax.learner import dry_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tiny_with_node(gpu_memory_gb):
+    c = cpu.get_config("smoke")
+    c.mesh.fsdp, c.mesh.tp = 4, 2
+    c.node = ml_collections.ConfigDict(
+        dict(
+            gpu="test",
+            num_gpus=8,
+            gpu_memory_gb=gpu_memory_gb,
+            memory_headroom=0.9,
+            rollout_gpus=0,
+            rollout_tp=1,
+            learner_gpus=8,
+            chunk_rows=1,
+        )
+    )
+    return c
+
+
+def test_report_shows_compiled_sizes_beside_the_planners_verdict(capsys):
+    assert dry_run.main(_tiny_with_node(gpu_memory_gb=80.0)) == 0
+    out = capsys.readouterr().out
+    assert "score gradient [4 x 1536]" in out  # 1 row padded to the 4 fsdp shards
+    assert "optimizer update" in out and "arguments GB" in out
+    assert "memory planner (learner/memory.py), per learner device" in out
+    assert "planner verdict: fits" in out
+    assert "does not model GPU buffer assignment" in out
+
+
+def test_a_config_that_does_not_fit_exits_nonzero(capsys):
+    assert dry_run.main(_tiny_with_node(gpu_memory_gb=1e-4)) == 1
+    assert "planner verdict: DOES NOT FIT" in capsys.readouterr().out
+
+
+def _run(args, env=None, timeout=1800):
+    env = dict(os.environ if env is None else env, PYTHONPATH=REPO)
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
+    code = (
+        "import jax; jax.devices(); from thundersync_jax.learner import dry_run;"
+        "dry_run.use_fake_cpu_devices(5); print('devices', len(jax.devices()))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = _run(["-c", code], env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "devices 5"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "experiment, config",
+    [
+        ("swe_grpo", "configs/b200.py"),
+        ("swe_grpo", "configs/b200.py:full"),
+        ("swe_grpo", "configs/h200.py"),
+        ("swe_grpo", "configs/h200.py:full"),
+        ("terminal_opd", "configs/terminal_opd_cpu.py"),
+    ],
+)
+def test_gpu_recipes_compile_on_8_fake_devices_and_fit(experiment, config, tmp_path_factory):
+    # b200 and h200 (lora) compile the same programs: a shared persistent cache saves one.
+    cache = str(tmp_path_factory.getbasetemp() / "xla_cache")
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_COMPILATION_CACHE_DIR=cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    out = _run(["-m", f"experiments.{experiment}", f"--config={config}", "--dry_run"], env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "score gradient" in out.stdout and "optimizer update" in out.stdout
+    if "opd" not in config:
+        assert "planner verdict: fits" in out.stdout
+        assert "| total learner |" in out.stdout

@@ -1,0 +1,102 @@
+"""The learner process's share of a GPU node: its GPUs and XLA's memory settings.
+
+On an 8-GPU node the rollout (and teacher) engines own the first GPUs and the learner the
+rest (`config.node`, same order as the engine placement in `rollout/engine_cmd.py`). JAX
+would otherwise see every GPU and preallocate 75% of each, including the engines' GPUs.
+`learner_env(config)` gives the environment the learner needs before JAX starts:
+
+  CUDA_VISIBLE_DEVICES               the learner's GPUs only (so the mesh uses all it sees)
+  XLA_PYTHON_CLIENT_PREALLOCATE=true  preallocate, on its own GPUs only
+  XLA_PYTHON_CLIENT_MEM_FRACTION     node.memory_headroom: the capacity the planner budgets
+
+`apply_learner_env(config)` sets them in this process (the trainers call it first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENV_KEYS = (
+    "CUDA_VISIBLE_DEVICES",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+)
+
+
+def _gpu_node(config: Any):
+    node = config.get("node")
+    if node is None or int(node.get("num_gpus", 0)) == 0:
+        return None
+    return node
+
+
+def learner_gpu_ids(config: Any) -> tuple[int, ...]:
+    """The node's GPUs left to the learner after the rollout and teacher GPUs; () on CPU."""
+    node = _gpu_node(config)
+    if node is None:
+        return ()
+    first = int(node.rollout_gpus) + int(node.get("teacher_gpus", 0))
+    learner = int(node.learner_gpus)
+    if first + learner > int(node.num_gpus):
+        raise ValueError(
+            f"node: rollout_gpus {node.rollout_gpus} + teacher_gpus {node.get('teacher_gpus', 0)}"
+            f" + learner_gpus {learner} > num_gpus {node.num_gpus}"
+        )
+    mesh_devices = int(config.mesh.fsdp) * int(config.mesh.tp)
+    if mesh_devices != learner:
+        raise ValueError(
+            f"config.mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} = {mesh_devices} "
+            f"devices, but node.learner_gpus={learner}; make them equal"
+        )
+    return tuple(range(first, first + learner))
+
+
+def learner_env(config: Any) -> dict[str, str]:
+    """Environment variables for the learner process ({} without a GPU `node`)."""
+    node = _gpu_node(config)
+    if node is None:
+        return {}
+    fraction = float(node.memory_headroom)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"node.memory_headroom={fraction} must be in (0, 1]")
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in learner_gpu_ids(config)),
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",
+    }
+
+
+def apply_learner_env(
+    config: Any, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Sets `learner_env(config)` in `environ` (default os.environ) unless CPU is forced.
+
+    A launcher that already set CUDA_VISIBLE_DEVICES keeps its choice. Raises RuntimeError
+    when a GPU backend already started, since XLA reads these variables only at start-up.
+    """
+    environ = os.environ if environ is None else environ
+    wanted = learner_env(config)
+    if not wanted or environ.get("JAX_PLATFORMS", "") == "cpu":
+        return {}
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        import jax
+
+        if jax.default_backend() != "cpu":
+            raise RuntimeError(
+                "the learner's GPU settings must be set before JAX starts its GPU backend; "
+                f"start the process with {wanted}"
+            )
+        return {}
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        wanted.pop("CUDA_VISIBLE_DEVICES")
+    for key, value in wanted.items():
+        environ[key] = value
+    log.info("learner placement: %s", wanted)
+    return wanted
