@@ -28,8 +28,8 @@ path the image expects (`root_at`, e.g. /testbed), and the host's bash, setpriv 
 prlimit are run through the host's loader so the image needs neither a shell nor
 util-linux. Every other guarantee above holds unchanged.
 
-Modules: `_core` (Sandbox), `_types` (RunResult, errors), `_mounts` (what the box sees), `_identity` (uid,
-passwd), `_process` (draining, deadline kill, teardown wait).
+Modules: `_core` (Sandbox), `_types` (RunResult, errors), `_mounts` (what the box sees),
+`_identity` (uid, passwd), `_process` (draining, deadline kill, teardown wait).
 """
 
 from thundersync_jax.envs.sandbox._core import WORKDIR, Sandbox
