@@ -147,6 +147,9 @@ class Sandbox:
             **_SINGLE_THREAD_ENV,
             **(env or {}),
         }
+        if self.rootfs is not None and not _mounts.image_has_utf8_locale(self.rootfs):
+            # The C.UTF-8 the env names is not there: bash would warn on every command.
+            self._env.pop("LC_ALL") if self._env.get("LC_ALL") == "C.UTF-8" else None
         self._shell = shutil.which("bash", path=_mounts.SYSTEM_PATH) or "/bin/sh"
         self._etc_dir: str | None = None
         self.isolated: bool | None = None  # decided on __enter__

@@ -143,13 +143,22 @@ def host_tools() -> tuple[list[str], dict[str, str]]:
     for d in dirs:
         if not any(is_under(d, kept) for kept in binds):
             binds.append(d)
-    args = []
+    args, made = [], set()
     for d in binds:
+        for parent in [HOST_TOOLS_DIR, *ancestors(HOST_TOOLS_DIR + d)]:
+            if parent not in made:  # bwrap would make missing parents 0700
+                args += ["--dir", parent]
+                made.add(parent)
         args += ["--ro-bind", d, HOST_TOOLS_DIR + d]
     library_path = ":".join(HOST_TOOLS_DIR + d for d in dict.fromkeys(lib_dirs))
     prefix = [HOST_TOOLS_DIR + loader, "--library-path", library_path]
     argv = {t: [*prefix, HOST_TOOLS_DIR + os.path.realpath(p)] for t, p in tools.items()}
     return args, argv
+
+
+def image_has_utf8_locale(rootfs: str) -> bool:
+    locale = os.path.join(rootfs, "usr", "lib", "locale")
+    return any(os.path.isdir(os.path.join(locale, n)) for n in ("C.utf8", "C.UTF-8"))
 
 
 def python_binds(executable: str = sys.executable) -> tuple[str, ...]:
