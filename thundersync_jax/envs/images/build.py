@@ -125,7 +125,7 @@ def write_layer(entries: Iterable[Entry], work_dir: str) -> LayerBlob:
     diff = hashlib.sha256()
     gz_path = tar_path[: -len(".tar")] + ".tar.gz"
     with open(tar_path, "rb") as src, open(gz_path, "wb") as dst:
-        with gzip.GzipFile(fileobj=dst, mode="wb", compresslevel=6, mtime=0) as gz:
+        with gzip.GzipFile(fileobj=dst, mode="wb", compresslevel=1, mtime=0) as gz:
             while chunk := src.read(1 << 20):
                 diff.update(chunk)
                 gz.write(chunk)
