@@ -34,10 +34,22 @@ from thundersync_jax.envs.images import cache as cache_lib
 
 
 def build_from_instances(
-    instances_path: str, out_dir: str, formats: Sequence[str] = ("oci",), python: str = ""
+    instances_path: str,
+    out_dir: str,
+    formats: Sequence[str] = ("oci",),
+    python: str = "",
+    base: tuple[list[build.LayerBlob], dict[str, str]] | None = None,
 ) -> str:
     """Builds the images for every repository of `instances_path`; returns the path of the
-    rewritten instances JSONL in `out_dir`."""
+    rewritten instances JSONL in `out_dir`.
+
+    Args:
+      instances_path: SWE-bench-format JSONL.
+      out_dir: where the images and the rewritten JSONL go.
+      formats: "oci" and/or "docker".
+      python: interpreter to package (default: this one).
+      base: (layers, env) of `python_image.base_layers` already written, to reuse.
+    """
     from thundersync_jax.envs.swe import instance as instance_lib
     from thundersync_jax.envs.swe import verifier
 
@@ -47,14 +59,14 @@ def build_from_instances(
     instances = instance_lib.load_jsonl(instances_path)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="images-build-", dir=out_dir) as work:
-        base, env = python_image.base_layers(work, python or sys.executable)
+        base_layers, env = base or python_image.base_layers(work, python or sys.executable)
         images: dict[str, str] = {}
         for inst in instances:
             if inst.repo in images:
                 continue
             slug = re.sub(r"[^\w.-]", "__", inst.repo) or inst.instance_id
             source = verifier.source_repo(inst, os.path.join(work, "mirrors"))
-            layers = [*base, python_image.repository_layer(source, work, inst.repo_dir)]
+            layers = [*base_layers, python_image.repository_layer(source, work, inst.repo_dir)]
             config = build.image_config(layers, env, inst.repo_dir)
             tag = f"{slug.lower()}:latest"
             if "oci" in formats:

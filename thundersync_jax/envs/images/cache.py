@@ -108,12 +108,19 @@ class ImageCache:
         start = time.monotonic()
         source = image if isinstance(image, layout.ImageSource) else layout.open_image(image)
         key = chain_key(source.diff_ids)
-        with self._lock(key, fcntl.LOCK_EX) as fd:
+        # A cached entry is taken with a shared lock alone, so leases nest (an episode's
+        # verifier leases the image its episode holds); the exclusive lock is only for
+        # an entry that is missing, which nobody can be holding.
+        with self._lock(key, fcntl.LOCK_SH) as fd:
             unpacked_now = not os.path.isdir(self.entry_dir(key))
             if unpacked_now:
-                self._ensure_lower(source)
-                self._unpack(source, key)
-            fcntl.flock(fd, fcntl.LOCK_SH)  # others may use it now; evictors may not
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not os.path.isdir(self.entry_dir(key)):  # not made while we waited
+                    self._ensure_lower(source)
+                    self._unpack(source, key)
+                else:
+                    unpacked_now = False
+                fcntl.flock(fd, fcntl.LOCK_SH)  # others may use it now; evictors may not
             os.utime(os.path.join(self.entry_dir(key), "used"))
             if unpacked_now:
                 self.evict(keep={key})

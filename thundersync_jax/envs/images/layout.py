@@ -82,8 +82,8 @@ def split_reference(image: str) -> tuple[str, str]:
     """("path on disk", "tag or digest or ''") of an image string; see the module doc."""
     if os.path.exists(image):
         return image, ""
-    for i, ch in enumerate(image):
-        if ch in "@:" and i and "/" not in image[i + 1 :] and os.path.exists(image[:i]):
+    for i in range(len(image) - 1, 0, -1):  # the longest existing path wins
+        if image[i] in "@:" and os.path.exists(image[:i]):
             return image[:i], image[i + 1 :]
     raise ImageError(
         f"image {image!r} not found: expected an OCI layout directory or a `docker save` "
