@@ -155,3 +155,25 @@ def test_build_command_writes_images_and_instances(tmp_path, capsys):
     )
     assert "format   docker-archive" in capsys.readouterr().out
     assert images_cli.main(["inspect", str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.slow
+def test_mini_swe_family_runs_from_an_image(tmp_path, monkeypatch):
+    from configs import common
+    from thundersync_jax.envs.swe import factory
+
+    monkeypatch.setenv("TSJ_IMAGE_CACHE", fixtures.cache().root)  # the default cache
+    cfg = common.get_base_config().env
+    cfg.num_tasks, cfg.image = 1, fixtures.python_oci()
+    (task,) = factory.load_instances(cfg, str(tmp_path), seed=3)
+    assert task.image == fixtures.python_oci() and task.repo_dir == "/testbed"
+    with factory.make_environment(task, str(tmp_path), cfg) as env:
+        env.reset()
+        where = env.step(
+            ToolCall("bash", {"command": "pwd; python -c 'import sys; print(sys.prefix)'"})
+        )
+        assert where.observation.split("\n") == ["/testbed", sys.base_prefix]
+        for call in env.demonstration():
+            env.step(call)
+        result = env.verify()
+    assert result.reward == 1.0, result
