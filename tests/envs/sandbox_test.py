@@ -318,3 +318,27 @@ def test_missing_bubblewrap_refuses_unless_allowed(task_dir, monkeypatch):
     assert (task_dir / "note.txt").read_text() == "hi\n"
     assert limits.stdout.split() == [str(256 * 1024), "16"]
     assert slow.timed_out and slow.elapsed_s < 2.0
+
+
+def test_image_without_a_shell_and_a_nested_repository_path(tmp_path, task_dir):
+    # An image of two plain files: no shell, no libc, no util-linux. The box still starts
+    # (the host's bash, setpriv and prlimit run through the host's loader), shows the image
+    # as / read-only, and mounts the task directory under a directory the image owns.
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "opt" / "app").mkdir(parents=True)
+    (rootfs / "opt" / "app" / "data.txt").write_text("from the image\n")
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc" / "hostname").write_text("image\n")
+    (task_dir / "mine.txt").write_text("task\n")
+    with Sandbox(task_dir, rootfs=str(rootfs), root_at="/opt/app/repo", python=None) as sb:
+        res = sb.run(
+            "pwd; read -r line < /opt/app/data.txt; echo $line; read -r t < mine.txt; echo $t;"
+            " echo x > /opt/app/new.txt || echo read-only; echo ok > made.txt"
+        )
+        listing = sb.run(["/.tsj-host/no-such-binary"])
+    assert res.stdout.split("\n")[:4] == ["/opt/app/repo", "from the image", "task", "read-only"]
+    assert (task_dir / "made.txt").read_text() == "ok\n"
+    assert not (rootfs / "opt" / "app" / "new.txt").exists()
+    assert listing.exit_code != 0  # argv commands are the image's own: nothing to run here
+    with pytest.raises(ValueError, match="overlaps a directory the sandbox mounts"):
+        Sandbox(task_dir, rootfs=str(rootfs), root_at="/etc/repo")

@@ -134,22 +134,7 @@ class Sandbox:
         self.uid = (
             (uid if uid is not None else _identity.allocate_uid()) if self._is_root else os.getuid()
         )
-        self._env = {
-            "PATH": path,
-            "HOME": "/tmp",
-            "TMPDIR": "/tmp",
-            "USER": "sandbox",
-            "LOGNAME": "sandbox",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            **_SINGLE_THREAD_ENV,
-            **(env or {}),
-        }
-        if self.rootfs is not None and not _mounts.image_has_utf8_locale(self.rootfs):
-            # The C.UTF-8 the env names is not there: bash would warn on every command.
-            self._env.pop("LC_ALL") if self._env.get("LC_ALL") == "C.UTF-8" else None
+        self._env = _box_env(path, env, self.rootfs)
         self._shell = shutil.which("bash", path=_mounts.SYSTEM_PATH) or "/bin/sh"
         self._etc_dir: str | None = None
         self.isolated: bool | None = None  # decided on __enter__
@@ -375,3 +360,25 @@ def _check_positive(**values: float) -> None:
     for name, value in values.items():
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _box_env(path: str, env: Mapping[str, str] | None, rootfs: str | None) -> dict[str, str]:
+    """The box's whole environment (the host's is never passed through)."""
+    box_env = {
+        "PATH": path,
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **_SINGLE_THREAD_ENV,
+        **(env or {}),
+    }
+    if rootfs is not None and not _mounts.image_has_utf8_locale(rootfs):
+        # The C.UTF-8 named above is not in the image: bash would warn on every command.
+        if box_env.get("LC_ALL") == "C.UTF-8":
+            del box_env["LC_ALL"]
+    return box_env
