@@ -57,9 +57,9 @@ class Sandbox:
       env: extra environment variables (the host environment is never passed through).
       uid: sandbox uid when the host side is root; default one from a pool.
       rootfs: an unpacked image (host directory) to show as the box's `/`, read-only,
-        instead of the host's /usr; `python` and `ro_binds` are then not bound (the image
-        brings its interpreter) and PATH is the system one unless `env` sets it. Needs
-        bubblewrap: `allow_unisolated` does not apply.
+        instead of the host's /usr; `python` is then not bound (the image brings its
+        interpreter; `ro_binds` still are) and PATH is the system one unless `env` sets
+        it. Needs bubblewrap: `allow_unisolated` does not apply.
       root_at: where `root` appears in the box (default /task).
       cwd: the box's working directory (default `root_at`).
     """
@@ -114,8 +114,6 @@ class Sandbox:
         if python is not None and self.rootfs is None:
             self._ro_binds += [(d, d) for d in _mounts.python_binds(python)]
             path = os.path.dirname(os.path.abspath(python)) + ":" + path
-        if self.rootfs is not None:
-            self._ro_binds = []  # host paths have no place in an image's filesystem
         for host, box in self._ro_binds:
             if not os.path.exists(host):
                 raise ValueError(f"ro_binds entry {host!r} does not exist on the host")
@@ -311,7 +309,8 @@ class Sandbox:
         if self.rootfs is None:
             a += _mounts.host_system_mounts()
         else:
-            a += _mounts.image_rootfs_mounts(self.rootfs, [*identity, self.root_at])
+            own = [*identity, self.root_at, *(box for _, box in self._ro_binds)]
+            a += _mounts.image_rootfs_mounts(self.rootfs, own)
             a += _mounts.host_tools()[0]
         if self._etc_dir is None:
             self._etc_dir = _identity.write_identity_files(self.uid)
