@@ -98,31 +98,34 @@ def test_upper_layer_replaces_types_and_modes(rootfs):
         str(rootfs),
     )
     assert _tree(rootfs) == {"a": "now a file", "b": "/", "c": "->b"}
-    assert stat.S_IMODE(os.stat(rootfs / "a").st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(rootfs / "b").st_mode) == 0o700
+    # What the image's root may read or traverse, the unprivileged box user may too.
+    assert stat.S_IMODE(os.stat(rootfs / "a").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(rootfs / "b").st_mode) == 0o755
+    apply_layer(_tar(("d", "d", None, 0o300), ("e", "f", b"", 0o200)), str(rootfs))
+    assert stat.S_IMODE(os.stat(rootfs / "d").st_mode) == 0o311  # write-only stays so
+    assert stat.S_IMODE(os.stat(rootfs / "e").st_mode) == 0o200
 
 
-def test_symlinks_resolve_inside_the_rootfs(tmp_path, rootfs):
-    # An absolute symlink means the image's /, as in the box: writing through it lands
-    # in the rootfs, never on the host.
-    host_etc = tmp_path / "hostetc"
-    host_etc.mkdir()
+def test_symlinks_stay_inside_the_rootfs(tmp_path, rootfs):
+    # Relative links are followed inside the rootfs; absolute ones are kept as links (in
+    # the box / is the rootfs) but nothing may be written through them.
     apply_layer(
         _tar(
             ("etc", "d", None),
-            ("conf", "l", "/etc"),
-            ("conf/app.ini", "f", b"inside"),
             ("up", "l", "usr/../etc"),
             ("up/more", "f", b"m"),
-            ("lib", "l", str(host_etc)),  # absolute: resolved as rootfs + that path
-            ("lib/x", "f", b"x"),
+            ("alt", "l", "/etc/more"),
         ),
         str(rootfs),
     )
-    assert (rootfs / "etc" / "app.ini").read_text() == "inside"
     assert (rootfs / "etc" / "more").read_text() == "m"
-    assert list(host_etc.iterdir()) == []
-    assert (rootfs / str(host_etc).lstrip("/") / "x").read_text() == "x"
+    assert os.readlink(rootfs / "alt") == "/etc/more"
+    host_dir = tmp_path / "hostdir"
+    host_dir.mkdir()
+    for target in ("/", str(host_dir), "/etc"):
+        with pytest.raises(HostileLayerError, match="absolute symlink"):
+            apply_layer(_tar(("esc", "l", target), ("esc/pwned", "f", b"x")), str(rootfs))
+    assert list(host_dir.iterdir()) == [] and not os.path.exists("/pwned")
 
 
 @pytest.mark.parametrize(
@@ -133,6 +136,8 @@ def test_symlinks_resolve_inside_the_rootfs(tmp_path, rootfs):
         ([("../escape", "f", b"x")], "climbs out"),
         ([("d", "d", None), ("d/link", "l", "../../../../outside")], "points outside"),
         ([("link", "l", "..")], "points outside"),
+        ([("esc", "l", "/"), ("esc/tmp/x", "f", b"x")], "absolute symlink"),
+        ([("a", "d", None), ("a/b", "l", "../.."), ("a/b/x", "f", b"x")], "points outside"),
         ([("dev/null", "c", None)], "device node"),
         ([("bin/su", "f", b"x", 0o4755)], "setuid"),
         ([("bin/wall", "f", b"x", 0o2755)], "setuid"),

@@ -5,14 +5,22 @@ lower layers left at the same path; `.wh.NAME` deletes NAME from lower layers an
 `.wh..wh..opq` empties its directory of lower-layer entries.
 
 A layer comes from an untrusted image, so the host side never follows a path out of
-the rootfs: paths are taken component by component, a symlink met on the way is
-resolved inside the rootfs (an absolute target means the rootfs's `/`, as it will in
-the box), and files are created with O_NOFOLLOW|O_EXCL after removing what was there.
-Refused with HostileLayerError (and nothing of that layer kept by the caller):
-absolute or `..` member names, symlinks whose relative target climbs above `/`,
-hard links to names outside the archive's tree, device nodes, and setuid/setgid bits
-(unless `setuid="strip"`). Owners are not applied: every file belongs to the user who
-unpacks (the box user reads what the mode lets "others" read).
+the rootfs: paths are taken component by component, a relative symlink met on the way
+is resolved inside the rootfs, and files are created with O_NOFOLLOW|O_EXCL after
+removing what was there. Absolute symlinks are kept as they are (in the box `/` is the
+rootfs, and real images are full of them: /etc/alternatives, the loader's link), but a
+member written *through* one is refused: a host-side extractor would have left the
+rootfs there, and image builders never write through links. Refused with
+HostileLayerError (and nothing of that layer kept by the caller): absolute or `..`
+member names, symlinks whose relative target climbs above `/`, paths through an
+absolute symlink, hard links to names outside the archive's tree, device nodes, and
+setuid/setgid bits (unless `setuid="strip"`).
+
+Owners are not applied: every file belongs to the user who unpacks. In a container the
+image's processes run as its root; in our box they run as an unprivileged uid, so what
+the owner may read or traverse is made readable and traversable by all (/root 0700
+becomes 0755, a 0600 file 0644): the rootfs is read-only in the box and holds only the
+image's own files.
 """
 
 from __future__ import annotations
@@ -118,8 +126,8 @@ def _climbs_out(name: str, target: str) -> bool:
 def _resolve_dir(root: str, parts: list[str], label: str, member: str) -> str:
     """The real directory inside `root` that `parts` names, creating missing ones (0755).
 
-    Symlinks on the way are followed inside the rootfs (an absolute target restarts at
-    `root`, `..` never goes above it); a non-directory in the way is refused.
+    Relative symlinks on the way are followed inside the rootfs (`..` never goes above
+    it); an absolute symlink or a non-directory in the way is refused.
     """
     todo = list(parts)
     current = root
@@ -136,7 +144,10 @@ def _resolve_dir(root: str, parts: list[str], label: str, member: str) -> str:
                 raise HostileLayerError(f"{label}: too many symlinks under {member!r}")
             target = os.readlink(nxt)
             if target.startswith("/"):
-                current = root
+                raise HostileLayerError(
+                    f"{label}: {member!r} goes through the absolute symlink "
+                    f"{os.path.relpath(nxt, root)!r} -> {target!r} (out of the rootfs on the host)"
+                )
             todo = [p for p in target.split("/") if p not in ("", ".")] + todo
             continue
         if not os.path.lexists(nxt):
@@ -149,8 +160,17 @@ def _resolve_dir(root: str, parts: list[str], label: str, member: str) -> str:
     return current
 
 
+def _box_readable(mode: int) -> int:
+    """`mode` with the owner's read and execute bits granted to group and others too."""
+    if mode & 0o400:
+        mode |= 0o044
+    if mode & 0o100:
+        mode |= 0o011
+    return mode
+
+
 def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str, path: str, label: str):
-    mode = member.mode & 0o7777
+    mode = _box_readable(member.mode & 0o7777)
     if member.isdir():
         if os.path.isdir(path) and not os.path.islink(path):
             os.chmod(path, mode)
