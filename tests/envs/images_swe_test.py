@@ -177,3 +177,12 @@ def test_mini_swe_family_runs_from_an_image(tmp_path, monkeypatch):
             env.step(call)
         result = env.verify()
     assert result.reward == 1.0, result
+
+
+def test_swe_eval_command_line_scores_in_the_image(images, tmp_path):
+    out = tmp_path / "R.json"
+    argv = ["--instances", images["docker"], "--predictions", "gold", "--out", str(out)]
+    argv += ["--workers", "1", "--no-progress", "--image-cache", fixtures.cache().root]
+    assert swe_eval.main(argv) == 0
+    (result,) = json.loads(out.read_text()).values()
+    assert result["resolved"] and result["error"] is None, result

@@ -127,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--memory-mb", type=int, default=2048, help="sandbox address-space limit")
     p.add_argument("--partial-credit", action="store_true", help="reward = fraction passing")
     p.add_argument("--image-cache", default="", help="rootfs cache for instance images")
-    p.add_argument("--image-cache-gb", type=float, default=50.0, help="image cache size limit")
+    p.add_argument("--image-cache-gb", type=float, default=None, help="image cache size limit")
+    p.add_argument(
+        "--image-setuid",
+        choices=("refuse", "strip"),
+        default=None,
+        help="layers with setuid/setgid files: refuse them, or unpack with the bits cleared",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -137,10 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         predictions = instance_lib.load_predictions(args.predictions)
     sandbox_config = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
-    image_cache = None
-    if args.image_cache:
-        limit = int(args.image_cache_gb * (1 << 30))
-        image_cache = image_cache_lib.ImageCache(args.image_cache, max_bytes=limit)
+    default = image_cache_lib.default_cache()  # $TSJ_IMAGE_CACHE* unless flags say else
+    image_cache = image_cache_lib.ImageCache(
+        args.image_cache or default.root,
+        max_bytes=default.max_bytes
+        if args.image_cache_gb is None
+        else int(args.image_cache_gb * (1 << 30)),
+        setuid=args.image_setuid or default.setuid,
+    )
     with tempfile.TemporaryDirectory(prefix="swe_eval-") as tmp:
         results = evaluate(
             instances,

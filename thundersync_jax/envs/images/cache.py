@@ -40,6 +40,7 @@ from thundersync_jax.envs.images import layout
 
 DEFAULT_CACHE_ENV = "TSJ_IMAGE_CACHE"  # cache directory
 DEFAULT_LIMIT_ENV = "TSJ_IMAGE_CACHE_GB"  # size limit
+DEFAULT_SETUID_ENV = "TSJ_IMAGE_SETUID"  # "refuse" (default) or "strip"
 _DEFAULT_LIMIT_GB = 50.0
 
 
@@ -85,7 +86,7 @@ class ImageCache:
     """Unpacks images into ROOT once and hands out their rootfs (see the module doc).
 
     Args:
-      root: cache directory (created).
+      root: cache directory (created on first use).
       max_bytes: size limit; None = no limit.
       setuid: "refuse" or "strip" setuid/setgid bits in layers (layers.apply_layer).
     """
@@ -95,7 +96,12 @@ class ImageCache:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive or None, got {max_bytes!r}")
         self.max_bytes = max_bytes
+        if setuid not in ("refuse", "strip"):
+            raise ValueError(f"setuid must be 'refuse' or 'strip', got {setuid!r}")
         self.setuid = setuid
+
+    def _make_dirs(self) -> None:
+        """Created on first use, so a cache that is only configured leaves no trace."""
         for sub in ("entries", "locks", "tmp"):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
 
@@ -106,6 +112,7 @@ class ImageCache:
     def lease(self, image: str | layout.ImageSource) -> Iterator[UnpackedImage]:
         """The unpacked image, held (never evicted) until the block ends."""
         start = time.monotonic()
+        self._make_dirs()
         source = image if isinstance(image, layout.ImageSource) else layout.open_image(image)
         key = chain_key(source.diff_ids)
         # A cached entry is taken with a shared lock alone, so leases nest (an episode's
@@ -144,6 +151,8 @@ class ImageCache:
     def entries(self) -> list[CacheEntry]:
         """The complete entries, least recently used first."""
         found = []
+        if not os.path.isdir(os.path.join(self.root, "entries")):
+            return found
         for key in os.listdir(os.path.join(self.root, "entries")):
             try:
                 meta = self._meta(key)
@@ -263,12 +272,15 @@ class ImageCache:
 
 def default_cache() -> ImageCache:
     """The cache at $TSJ_IMAGE_CACHE (default ~/.cache/thundersync_jax/images), limited to
-    $TSJ_IMAGE_CACHE_GB (default 50) GB."""
+    $TSJ_IMAGE_CACHE_GB (default 50) GB, with setuid bits handled as $TSJ_IMAGE_SETUID
+    says ("refuse", the default; "strip" for distribution images, whose su and mount
+    are setuid: the box mounts everything nosuid and drops privileges anyway)."""
     root = os.environ.get(DEFAULT_CACHE_ENV) or os.path.expanduser(
         "~/.cache/thundersync_jax/images"
     )
     limit_gb = float(os.environ.get(DEFAULT_LIMIT_ENV) or _DEFAULT_LIMIT_GB)
-    return ImageCache(root, max_bytes=int(limit_gb * (1 << 30)))
+    setuid = os.environ.get(DEFAULT_SETUID_ENV) or "refuse"
+    return ImageCache(root, max_bytes=int(limit_gb * (1 << 30)), setuid=setuid)
 
 
 def _tree_bytes(root: str) -> int:

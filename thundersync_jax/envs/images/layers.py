@@ -172,6 +172,8 @@ def _box_readable(mode: int) -> int:
 def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, root: str, path: str, label: str):
     mode = _box_readable(member.mode & 0o7777)
     if member.isdir():
+        if os.geteuid() != 0:
+            mode |= 0o700  # rootless: a 0555 directory must still take upper layers' entries
         if os.path.isdir(path) and not os.path.islink(path):
             os.chmod(path, mode)
             return
