@@ -85,6 +85,15 @@ def test_digest_mismatch_is_refused_and_leaves_nothing(tmp_path):
     with pytest.raises(layout.ImageError, match="digest"):
         cache.unpack(oci)
     assert os.listdir(cache.root + "/entries") == [] and os.listdir(cache.root + "/tmp") == []
+    # A truncated blob, and one with bytes appended after the gzip stream.
+    blob = os.path.join(oci, "blobs", "sha256", layers[0].digest.split(":")[1])
+    good = open(layers[0].gz_path, "rb").read()
+    for bad, match in [(good[: len(good) // 2], "cannot read"), (good + b"\0" * 8, "blob digest")]:
+        with open(blob, "wb") as f:
+            f.write(bad)
+        with pytest.raises(layout.ImageError, match=match):
+            cache.unpack(oci)
+    assert os.listdir(cache.root + "/entries") == []
     # docker archive: a layer.tar whose content is not the config's diff_id.
     config = build.image_config(layers, {}, "")
     config["rootfs"]["diff_ids"] = ["sha256:" + hashlib.sha256(b"other").hexdigest()]

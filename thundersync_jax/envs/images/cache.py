@@ -31,6 +31,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -237,7 +238,10 @@ class ImageCache:
             for i, layer in enumerate(source.layers[start:], start):
                 label = f"image {source.path} layer {i} ({layer.diff_id})"
                 reader = layout.LayerReader(layer, label)
-                layers_lib.apply_layer(reader, rootfs, label, setuid=self.setuid)
+                try:
+                    layers_lib.apply_layer(reader, rootfs, label, setuid=self.setuid)
+                except tarfile.TarError as e:
+                    raise layout.ImageError(f"{label}: not a readable tar ({e})") from None
                 reader.finish()
             meta = {"diff_ids": list(source.diff_ids), "size_bytes": _tree_bytes(rootfs)}
             with open(os.path.join(tmp, "meta.json"), "w") as f:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -123,7 +124,8 @@ class LayerReader:
         self._diff_hash = hashlib.sha256()
         head = self._raw.read(4)
         self._blob_hash.update(head)
-        self._stream: Any = _Prepend(head, self._raw, self._blob_hash)
+        self._blob = _Prepend(head, self._raw, self._blob_hash)
+        self._stream: Any = self._blob
         if head[:2] == _GZIP_MAGIC:
             import gzip
 
@@ -132,14 +134,17 @@ class LayerReader:
             raise ImageError(f"{label}: zstd-compressed layers are not supported (use gzip)")
 
     def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
+        try:
+            data = self._stream.read(n)
+        except (OSError, EOFError, zlib.error) as e:  # truncated or corrupt gzip
+            raise ImageError(f"{self.label}: cannot read the layer blob ({e})") from None
         self._diff_hash.update(data)
         return data
 
     def finish(self) -> None:
         while self.read(1 << 20):
             pass
-        while self._raw.read(1 << 20):  # trailing bytes after a gzip member
+        while self._blob.read(1 << 20):  # bytes after the gzip member count for the digest
             pass
         self._raw.close()
         blob = "sha256:" + self._blob_hash.hexdigest()
@@ -157,15 +162,9 @@ class _Prepend:
         self._head, self._raw, self._hasher = head, raw, hasher
 
     def read(self, n: int = -1) -> bytes:
-        if self._head:
-            out, self._head = (
-                (self._head, b"")
-                if n < 0 or n >= len(self._head)
-                else (
-                    self._head[:n],
-                    self._head[n:],
-                )
-            )
+        if self._head:  # already hashed
+            take = len(self._head) if n < 0 else n
+            out, self._head = self._head[:take], self._head[take:]
             return out
         data = self._raw.read(n)
         self._hasher.update(data)
