@@ -55,9 +55,13 @@ def test_both_formats_read_the_same_image(tmp_path):
         layout.open_image(oci + ":nope")
     with pytest.raises(layout.ImageError, match="not found"):
         layout.open_image(str(tmp_path / "absent"))
+    # A hand-written config without rootfs.diff_ids: they are computed from the layers.
+    del config["rootfs"]
+    bare = build.write_docker_archive(str(tmp_path / "bare.tar"), layers, config, "bare:1")
     cache = ImageCache(str(tmp_path / "cache"))
-    a, b = cache.unpack(oci), cache.unpack(tar)
+    a, b, c = cache.unpack(oci), cache.unpack(tar), cache.unpack(bare)
     assert a.unpacked_now and not b.unpacked_now and a.rootfs == b.rootfs  # same layers
+    assert not c.unpacked_now and c.rootfs == a.rootfs
     assert _files(a.rootfs) == {"a/x": b"1", "b": b"3"}
 
 
