@@ -81,7 +81,8 @@ def base_layers(
     info = interpreter_info(python, packages)
     prefix, version = info["base_prefix"], info["version"]
     python_files = _python_files(info)
-    libs = _shared_libraries([info["executable"], *python_files, *_tools()])
+    package_files = [full for full, _ in info["files"]]
+    libs = _shared_libraries([info["executable"], *python_files, *package_files, *_tools()])
     system = _HostTree()
     root_links = [p for p in ("/bin", "/sbin", "/lib", "/lib64") if os.path.islink(p)]
     for path in [*root_links, *libs, *_tools(), "/etc/ld.so.cache", *_locale_files()]:
