@@ -108,6 +108,7 @@ def get_base_config() -> ml_collections.ConfigDict:
         dict(
             family="mini_swe",  # mini_swe | terminal | swe_jsonl
             instances="",  # JSONL path for swe_jsonl
+            image="",  # SWE tasks run in this OCI layout / docker-save tarball ("" = host)
             difficulty="easy",
             num_tasks=32,
             sandbox_timeout_s=20.0,

@@ -100,7 +100,13 @@ def _commit(repo, files, message):
 @pytest.fixture(scope="module")
 def jsonl(tmp_path_factory):
     """A repository with four commits (the third is the bug fix) and its instance JSONL."""
-    root = tmp_path_factory.mktemp("real")
+    return make_calc_instances(tmp_path_factory.mktemp("real"))
+
+
+def make_calc_instances(root):
+    """Writes root/calc-repo (four commits, the third the bug fix) and root/instances.jsonl
+    (one instance, repo_path relative); returns the JSONL path. Also used by the image
+    tests (images_swe_test.py)."""
     repo = root / "calc-repo"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")

@@ -9,6 +9,9 @@ instance id to {"resolved", "reward", "tests": {id: PASSED|FAILED|ERROR},
 "reason", "error", "patch_applied"}. A patch that does not apply, a crashing
 or timed-out verifier, or a prediction for an unknown instance is recorded
 there with its reason; it never stops the run.
+
+Instances with an `image` are scored inside it; images are unpacked once into
+`--image-cache` (default $TSJ_IMAGE_CACHE or ~/.cache/thundersync_jax/images).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import tqdm
 
 from thundersync_jax.envs import verify
+from thundersync_jax.envs.images import cache as image_cache_lib
 from thundersync_jax.envs.swe import instance as instance_lib
 from thundersync_jax.envs.swe import verifier
 from thundersync_jax.envs.swe.instance import SweInstance
@@ -40,6 +44,7 @@ def evaluate(
     partial_credit: bool = False,
     timeout_s: float | None = None,
     progress: bool = True,
+    image_cache: image_cache_lib.ImageCache | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Scores predictions[id] on each instance that has one; returns the R.json mapping.
 
@@ -52,6 +57,7 @@ def evaluate(
       partial_credit: reward the fraction of passing tests instead of all-or-nothing.
       timeout_s: wall-clock limit of one test run.
       progress: show a progress bar on stderr.
+      image_cache: where instance images are unpacked (default images' default cache).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -70,6 +76,7 @@ def evaluate(
                 sandbox_config,
                 partial_credit=partial_credit,
                 timeout_s=timeout_s,
+                image_cache=image_cache,
             ),
             name=inst.instance_id,
         )
@@ -119,6 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
     p.add_argument("--memory-mb", type=int, default=2048, help="sandbox address-space limit")
     p.add_argument("--partial-credit", action="store_true", help="reward = fraction passing")
+    p.add_argument("--image-cache", default="", help="rootfs cache for instance images")
+    p.add_argument("--image-cache-gb", type=float, default=None, help="image cache size limit")
+    p.add_argument(
+        "--image-setuid",
+        choices=("refuse", "strip"),
+        default=None,
+        help="layers with setuid/setgid files: refuse them, or unpack with the bits cleared",
+    )
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -128,6 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         predictions = instance_lib.load_predictions(args.predictions)
     sandbox_config = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
+    default = image_cache_lib.default_cache()  # $TSJ_IMAGE_CACHE* unless flags say else
+    image_cache = image_cache_lib.ImageCache(
+        args.image_cache or default.root,
+        max_bytes=default.max_bytes
+        if args.image_cache_gb is None
+        else int(args.image_cache_gb * (1 << 30)),
+        setuid=args.image_setuid or default.setuid,
+    )
     with tempfile.TemporaryDirectory(prefix="swe_eval-") as tmp:
         results = evaluate(
             instances,
@@ -137,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sandbox_config=sandbox_config,
             partial_credit=args.partial_credit,
             progress=not args.no_progress,
+            image_cache=image_cache,
         )
     out_tmp = args.out + ".tmp"
     with open(out_tmp, "w") as f:

@@ -4,11 +4,14 @@ reset() checks base_commit out into a fresh workspace and opens a Sandbox on
 it; the agent's bash commands run inside the sandbox (at /task), view and
 edit touch only files inside the workspace; verify() takes the workspace
 diff as the model patch and scores it with the SWE-bench harness order
-(verifier.py), wrapped so that no verifier failure can raise.
+(verifier.py), wrapped so that no verifier failure can raise. An instance with an
+`image` runs in it (swe/image_sandbox.py): the image is held from reset() to close(),
+and reset() costs a fresh checkout of the workspace, never a copy of the rootfs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -19,8 +22,9 @@ from typing import Any
 
 from thundersync_jax.envs import verify as verify_lib
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, VerifierResult
+from thundersync_jax.envs.images import cache as image_cache_lib
 from thundersync_jax.envs.sandbox import Sandbox
-from thundersync_jax.envs.swe import mini_swe, repo, verifier
+from thundersync_jax.envs.swe import image_sandbox, mini_swe, repo, verifier
 from thundersync_jax.envs.swe import tools as swe_tools
 from thundersync_jax.envs.swe.instance import SweInstance
 
@@ -39,6 +43,7 @@ class SweEnvironment(Environment):
       verify_timeout_s: wall-clock limit of one test run in verify (default: the sandbox's).
       partial_credit: reward the fraction of passing tests instead of all-or-nothing.
       cache_dir: where remote repositories are mirrored (default workdir/repos).
+      image_cache: where instance images are unpacked (default images' default cache).
     """
 
     tools = swe_tools.TOOL_SPECS
@@ -55,6 +60,7 @@ class SweEnvironment(Environment):
         verify_timeout_s: float | None = None,
         partial_credit: bool = False,
         cache_dir: str | None = None,
+        image_cache: image_cache_lib.ImageCache | None = None,
     ):
         self.instance = instance
         self.task_id = instance.instance_id
@@ -69,6 +75,8 @@ class SweEnvironment(Environment):
         self._episode_dir: str | None = None
         self._workspace: repo.Workspace | None = None
         self._sandbox: Sandbox | None = None
+        self.image_cache = image_cache
+        self._held = contextlib.ExitStack()  # the image lease, from reset() to close()
         self.submitted = False
 
     def reset(self) -> str:
@@ -77,15 +85,15 @@ class SweEnvironment(Environment):
         os.makedirs(self.workdir, exist_ok=True)
         safe_id = re.sub(r"[^\w.-]", "_", self.task_id)[:80]
         self._episode_dir = tempfile.mkdtemp(prefix=f"{safe_id}-", dir=self.workdir)
-        source = verifier.source_repo(self.instance, self.cache_dir)
+        image = self._held.enter_context(image_sandbox.held_image(self.instance, self.image_cache))
+        source = verifier.source_repo(self.instance, self.cache_dir, image)
         self._workspace = repo.checkout(
             source,
             self.instance.base_commit,
             os.path.join(self._episode_dir, "repo"),
             os.path.join(self._episode_dir, "git"),
         )
-        config = dict(self.sandbox_config)
-        config["env"] = {**self.instance.env, **config.get("env", {})}
+        config = image_sandbox.sandbox_config(self.instance, self.sandbox_config, image)
         self._sandbox = Sandbox(self._workspace.path, **config).__enter__()
         self.submitted = False
         return self.instance.problem_statement
@@ -145,6 +153,7 @@ class SweEnvironment(Environment):
                 partial_credit=self.partial_credit,
                 cache_dir=self.cache_dir,
                 timeout_s=self.verify_timeout_s,
+                image_cache=self.image_cache,
             )
 
         result = verify_lib.run_verifier(check, name=self.task_id)
@@ -166,6 +175,7 @@ class SweEnvironment(Environment):
             shutil.rmtree(self._episode_dir, ignore_errors=True)
             self._episode_dir = None
         self._workspace = None
+        self._held.close()
 
 
 def demonstration_from_patch(patch: str) -> list[ToolCall]:

@@ -6,6 +6,7 @@ make_env = lambda i: factory.make_environment(instances[i], workdir, config.env)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -31,11 +32,24 @@ def difficulties(spec: str) -> tuple[str, ...]:
 def load_instances(env_cfg: Any, workdir: str, seed: int) -> list[SweInstance]:
     """The task set: generated mini-SWE tasks (cached under workdir/mini_swe) or a JSONL file.
 
+    A non-empty `env.image` (optional key) runs every task in that container image (an
+    OCI layout or `docker save` tarball with python and pytest, e.g. from
+    `python -m thundersync_jax.envs.images build`), the repository at /testbed.
+
     Args:
       env_cfg: has `family`, `num_tasks`, `difficulty` (mini_swe) and `instances` (swe_jsonl).
       workdir: the run directory.
       seed: fixes the generated task set.
     """
+    image = str(getattr(env_cfg, "image", "") or "")
+    instances = _task_set(env_cfg, workdir, seed)
+    if image:
+        image = os.path.abspath(image) if os.path.exists(image) else image
+        instances = [dataclasses.replace(inst, image=image) for inst in instances]
+    return instances
+
+
+def _task_set(env_cfg: Any, workdir: str, seed: int) -> list[SweInstance]:
     family = env_cfg.family
     if family == "mini_swe":
         return mini_swe.generate(

@@ -1,13 +1,16 @@
 """SWE-bench task instances: the record, and reading/writing them as JSONL.
 
 The fields follow the SWE-bench dataset (FAIL_TO_PASS / PASS_TO_PASS may be
-JSON-encoded strings there, or plain lists), plus three optional fields for
+JSON-encoded strings there, or plain lists), plus optional fields for
 offline use: `repo_path` (a local git repository used instead of cloning
-`repo`), `env` (environment variables for the test run) and `test_cmd` (the
-command test ids are appended to). One more optional field is read from `extra`:
-`editable_paths`, path prefixes a model patch may change (the verifier ignores
-changes elsewhere; mini-SWE sets it to the package so tests and pytest config
-cannot be edited into a pass).
+`repo`), `env` (environment variables for the test run), `test_cmd` (the
+command test ids are appended to), `image` (a container image the tools and
+tests run in: an OCI layout directory or a `docker save` tarball, optionally
+`:TAG` or `@sha256:DIGEST`; see thundersync_jax.envs.images) and `repo_dir`
+(where the repository appears in that image, default /testbed). One more
+optional field is read from `extra`: `editable_paths`, path prefixes a model
+patch may change (the verifier ignores changes elsewhere; mini-SWE sets it to
+the package so tests and pytest config cannot be edited into a pass).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 DEFAULT_TEST_CMD = "python -m pytest -q -p no:cacheprovider"
+DEFAULT_REPO_DIR = "/testbed"  # where SWE-bench images keep the repository
 
 _REQUIRED = (
     "instance_id",
@@ -48,6 +52,9 @@ class SweInstance:
       repo_path: a local git repository holding base_commit ("" = clone `repo`).
       env: environment variables for test runs and agent commands.
       test_cmd: the test command; test ids are appended to it.
+      image: container image to run in ("" = the host's toolchain); a relative path is
+        resolved against the JSONL file's directory.
+      repo_dir: where the repository is mounted in the image (absolute box path).
       extra: any other fields of the JSONL record, kept for round trips.
     """
 
@@ -62,6 +69,8 @@ class SweInstance:
     repo_path: str = ""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     test_cmd: str = DEFAULT_TEST_CMD
+    image: str = ""
+    repo_dir: str = DEFAULT_REPO_DIR
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -90,7 +99,16 @@ class SweInstance:
             raise ValueError(
                 f"instance {record['instance_id']}: env must be an object, got {env!r}"
             )
-        known = set(_REQUIRED) | {"repo_path", "env", "test_cmd"}
+        known = set(_REQUIRED) | {"repo_path", "env", "test_cmd", "image", "repo_dir"}
+        image = str(record.get("image") or "")
+        if image and base_dir and not os.path.isabs(image):
+            image = os.path.normpath(os.path.join(base_dir, image))
+        repo_dir = str(record.get("repo_dir") or DEFAULT_REPO_DIR)
+        if not os.path.isabs(repo_dir) or os.path.normpath(repo_dir) == "/":
+            raise ValueError(
+                f"instance {record['instance_id']}: repo_dir must be an absolute path other "
+                f"than '/', got {repo_dir!r}"
+            )
         fail_to_pass = _test_list(record, "FAIL_TO_PASS")
         pass_to_pass = _test_list(record, "PASS_TO_PASS")
         if not fail_to_pass and not pass_to_pass:
@@ -110,6 +128,8 @@ class SweInstance:
             repo_path=str(repo_path),
             env={str(k): str(v) for k, v in env.items()},
             test_cmd=str(record.get("test_cmd") or DEFAULT_TEST_CMD),
+            image=image,
+            repo_dir=os.path.normpath(repo_dir),
             extra={k: v for k, v in record.items() if k not in known},
         )
 
@@ -129,6 +149,8 @@ class SweInstance:
             env=dict(self.env),
             test_cmd=self.test_cmd,
         )
+        if self.image:
+            record.update(image=self.image, repo_dir=self.repo_dir)
         return record
 
 

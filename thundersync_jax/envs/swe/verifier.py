@@ -3,7 +3,9 @@
 Harness order (as SWE-bench): a fresh checkout of base_commit, the model patch,
 the test files of `test_patch` reset to base_commit (a model may not edit the
 tests that judge it), `test_patch`, then FAIL_TO_PASS + PASS_TO_PASS run with
-`test_cmd` inside a Sandbox. Resolved when every one of them passes.
+`test_cmd` inside a Sandbox. Resolved when every one of them passes. An instance
+with an `image` runs its tests inside that image (swe/image_sandbox.py); GNU patch,
+which only needs the workspace, runs on the host toolchain either way.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from thundersync_jax.envs.base import VerifierResult
+from thundersync_jax.envs.images import cache as image_cache_lib
 from thundersync_jax.envs.sandbox import RunResult, Sandbox
-from thundersync_jax.envs.swe import pytest_report, repo
+from thundersync_jax.envs.swe import image_sandbox, pytest_report, repo
 from thundersync_jax.envs.swe.instance import SweInstance
 
 DEFAULT_SANDBOX = {"timeout_s": 60.0, "memory_mb": 2048}
@@ -26,10 +29,16 @@ _OUTPUT_TAIL = 3000
 _PATCH_FILE = ".tsj-model.patch"  # written into the workspace for the in-box GNU patch
 
 
-def source_repo(instance: SweInstance, cache_dir: str) -> str:
-    """The local repository holding the instance's base_commit (cloned once when remote)."""
+def source_repo(
+    instance: SweInstance, cache_dir: str, image: image_cache_lib.UnpackedImage | None = None
+) -> str:
+    """The local repository holding the instance's base_commit: `repo_path`, else the one
+    the instance's image keeps at repo_dir, else a mirror of `repo` (cloned once)."""
     if instance.repo_path:
         return instance.repo_path
+    in_image = image_sandbox.repository_in_image(instance, image)
+    if in_image is not None:
+        return in_image
     return repo.mirror(instance.repo, cache_dir)
 
 
@@ -97,6 +106,7 @@ def evaluate_patch(
     partial_credit: bool = False,
     cache_dir: str | None = None,
     timeout_s: float | None = None,
+    image_cache: image_cache_lib.ImageCache | None = None,
 ) -> VerifierResult:
     """Scores `model_patch` on `instance`: reward 1 when every FAIL_TO_PASS and PASS_TO_PASS
     test passes, else 0 (or the fraction passing with `partial_credit`).
@@ -112,9 +122,26 @@ def evaluate_patch(
       partial_credit: reward the fraction of tests passing instead of all-or-nothing.
       cache_dir: where remote repositories are mirrored (default workdir/repos).
       timeout_s: wall-clock limit of one test run (default: the sandbox's).
+      image_cache: where the instance's image is unpacked (default images' default cache).
     """
+    with image_sandbox.held_image(instance, image_cache) as image:
+        return _evaluate_in(
+            instance,
+            model_patch,
+            workdir,
+            sandbox_config,
+            partial_credit,
+            cache_dir,
+            timeout_s,
+            image,
+        )
+
+
+def _evaluate_in(
+    instance, model_patch, workdir, sandbox_config, partial_credit, cache_dir, timeout_s, image
+) -> VerifierResult:
     os.makedirs(workdir, exist_ok=True)
-    source = source_repo(instance, cache_dir or os.path.join(workdir, "repos"))
+    source = source_repo(instance, cache_dir or os.path.join(workdir, "repos"), image)
     scratch = tempfile.mkdtemp(prefix="eval-", dir=workdir)
     try:
         ws = repo.checkout(
@@ -123,8 +150,8 @@ def evaluate_patch(
             os.path.join(scratch, "repo"),
             os.path.join(scratch, "git"),
         )
-        config = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
-        config["env"] = {**instance.env, **config.get("env", {})}
+        base = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
+        config = image_sandbox.sandbox_config(instance, base, None)
         dropped: list[str] = []
         editable = instance.extra.get("editable_paths")
         if editable:
@@ -144,7 +171,7 @@ def evaluate_patch(
         except repo.GitError as e:
             raise repo.GitError(f"instance {instance.instance_id}: test_patch: {e}") from None
         # A fresh box: it re-owns the files the host just wrote for the sandbox user.
-        with Sandbox(ws.path, **config) as sb:
+        with Sandbox(ws.path, **image_sandbox.sandbox_config(instance, base, image)) as sb:
             tests, runs = run_tests(sb, instance, instance.test_ids, timeout_s)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
