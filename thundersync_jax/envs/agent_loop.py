@@ -18,7 +18,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from thundersync_jax.envs import chat
+from thundersync_jax.envs import chat, tool_calls
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, ToolSpec, VerifierResult
 
 # The records and the transcript builder live in their own modules; they are re-exported
@@ -120,7 +120,7 @@ def _sample_turn(
     if body and int(body[-1]) in tok.stop_ids:
         body = body[:-1]
     text = tok.decode(body)
-    parsed = chat.parse_tool_calls(text, tools, transcript.limits.max_calls_per_turn)
+    parsed = tool_calls.parse_tool_calls(text, tools, transcript.limits.max_calls_per_turn)
     return Turn(
         index=key.turn,
         start=turn_start,
@@ -141,7 +141,7 @@ def _run_calls(env: Environment, turn: Turn, tools: tuple[ToolSpec, ...]) -> boo
     turn.tool_start = time.monotonic()
     done = False
     if not turn.calls:
-        turn.observations.append(chat.no_call_error(tools))
+        turn.observations.append(tool_calls.no_call_error(tools))
     for parsed_call in turn.calls:
         if parsed_call.call is None:
             turn.observations.append(parsed_call.error)

@@ -12,8 +12,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from thundersync_jax.envs import chat
 from thundersync_jax.envs.base import VerifierResult
+from thundersync_jax.envs.tool_calls import ParsedCall
 
 
 class TurnKey(NamedTuple):
@@ -132,7 +132,7 @@ class Turn:
     finish_reason: str
     policy_version: int
     text: str
-    calls: tuple[chat.ParsedCall, ...]
+    calls: tuple[ParsedCall, ...]
     sample_start: float
     sample_end: float
     observations: list[str] = dataclasses.field(default_factory=list)
