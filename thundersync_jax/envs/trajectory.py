@@ -1,7 +1,7 @@
 """What an episode is made of: its ids and budgets, the sampler contract, turns, trajectories.
 
 These are the plain records the agent loop (`agent_loop.py`) produces and the learner side
-consumes; they hold no behaviour beyond views of their own fields.
+consumes; beyond checking and viewing their own fields they hold no behaviour.
 """
 
 from __future__ import annotations
