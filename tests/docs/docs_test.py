@@ -128,6 +128,31 @@ def test_every_documented_metric_is_written_somewhere_in_the_package():
     assert not unwritten, f"docs/metrics.md documents metrics no code writes: {unwritten}"
 
 
+def _keywords_of_metric_dicts(paths) -> set[str]:
+    """Keyword names of `x.update(k=...)` and `dict(k=...)` calls: how the loop and the
+    algorithms assemble a step's metrics."""
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Attribute) and f.attr == "update") or (
+                isinstance(f, ast.Name) and f.id == "dict"
+            ):
+                names.update(k.arg for k in node.keywords if k.arg)
+    return names
+
+
+@needs_one_loop
+def test_every_metric_the_loop_and_algorithms_write_is_documented():
+    pkg = ROOT / "thundersync_jax"
+    written = _keywords_of_metric_dicts([pkg / "train.py", *(pkg / "algorithms").glob("*.py")])
+    # Guards against a change of style that would leave nothing to compare.
+    assert {"step", "reward_mean", "mixed_groups", "grad_norm"} <= written
+    assert written - set(_metric_rows()) == set()
+
+
 def test_readme_links_the_docs_that_exist():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Docs", 1)
