@@ -5,6 +5,7 @@ import struct
 import pytest
 
 from thundersync_jax import metrics, sim
+from thundersync_jax.sim import timelines
 
 
 def _png_size(path):
@@ -19,7 +20,7 @@ def test_plot_writes_png(tmp_path, num_groups, group_size):
     cost = sim.CostModel(0.5, 0.004, opt_s=2.0, pub_s=1.0, buckets=(512, 1024, 2048))
     trace = sim.balance(trace, cost, 1.0, 4096)
     result = sim.simulate(trace, "stream", cost, 4096)
-    tl = metrics.timeline_from_sim(trace, result)
+    tl = timelines.timeline_from_sim(trace, result)
     path = tmp_path / "timeline.png"
     out = metrics.plot_timeline(tl, path, command="python -m experiments.bench_schedules")
     assert out == str(path)

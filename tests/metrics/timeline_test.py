@@ -7,6 +7,7 @@ import pytest
 
 from thundersync_jax import metrics, sim
 from thundersync_jax.metrics import Timeline
+from thundersync_jax.sim import timelines
 
 
 def _hand_timeline():
@@ -104,7 +105,7 @@ def test_timeline_metrics_agree_with_the_simulator(schedule):
     trace = sim.lognormal_trace(6, 5, sigma=1.0, group_icc=0.3, mean_s=20.0, seed=1)
     cost = sim.CostModel(0.2, 0.002, opt_s=1.0, pub_s=0.5, buckets=(512, 1024, 2048))
     r = sim.simulate(trace, schedule, cost, 2048, max_open_groups=3)
-    m = metrics.step_metrics(metrics.timeline_from_sim(trace, r))
+    m = metrics.step_metrics(timelines.timeline_from_sim(trace, r))
     assert m["step_time_s"] == pytest.approx(r.step_time_s)
     assert m["rollout_time_s"] == pytest.approx(r.rollout_span_s)
     assert m["learner_busy_s"] == pytest.approx(r.learner_busy_s)

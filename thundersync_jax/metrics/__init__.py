@@ -8,14 +8,14 @@ Per-step metric names follow DESIGN §6. Timeline-derived ones:
   tail_s             last reward → weights published
   open_groups_peak   most groups with some but not all members processed
 The simulator (thundersync_jax.sim) predicts the same quantities from a trace.
+
+This is the bottom layer: it imports nothing of sim, schedule, envs or rollout (a test
+checks). The bridges to the simulator live in `thundersync_jax.sim.timelines`.
 """
 
+import importlib
+
 from thundersync_jax.metrics._chrome import chrome_trace_events, write_chrome_trace
-from thundersync_jax.metrics._export import (
-    arrivals_from_timeline,
-    export_arrivals,
-    timeline_from_sim,
-)
 from thundersync_jax.metrics._plot import LEARNER_COLORS, plot_timeline
 from thundersync_jax.metrics._progress import StepProgress
 from thundersync_jax.metrics._timeline import (
@@ -47,9 +47,7 @@ __all__ = [
     "MetricsWriter",
     "StepProgress",
     "Timeline",
-    "arrivals_from_timeline",
     "chrome_trace_events",
-    "export_arrivals",
     "learner_busy_s",
     "learner_idle_frac",
     "open_groups_peak",
@@ -60,6 +58,16 @@ __all__ = [
     "step_metrics",
     "step_time_s",
     "tail_s",
-    "timeline_from_sim",
     "write_chrome_trace",
 ]
+
+# Old homes of the simulator bridges, forwarded on first use so that code written against
+# `metrics.export_arrivals` keeps working without `import thundersync_jax.metrics` loading
+# the simulator. New code imports them from `thundersync_jax.sim.timelines`.
+_MOVED_TO_SIM = ("arrivals_from_timeline", "export_arrivals", "timeline_from_sim")
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_SIM:
+        return getattr(importlib.import_module("thundersync_jax.sim.timelines"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -76,6 +76,49 @@ def _draw_learner(ax, learner: list[T.Event], t0: float) -> None:
     ax.set_ylim(-0.6, 0.6)
 
 
+def _draw_milestones(ax_r, ax_l, tl: T.Timeline, rollouts: list[T.Event]) -> list[str]:
+    """Marks the last reward and the publication across both rows; returns the title stats."""
+    t0 = tl.start_s
+    stats = []
+    if rollouts:
+        last = max(e.end for e in rollouts) - t0
+        for ax in (ax_r, ax_l):
+            ax.axvline(last, color="#444444", linestyle="--", linewidth=1)
+        ax_r.annotate("last reward ", (last, 1.0), xycoords=("data", "axes fraction"),
+                      ha="right", va="bottom", fontsize=8)  # fmt: skip
+    if tl.events(T.PUBLISH):
+        pub = T.step_time_s(tl)
+        for ax in (ax_r, ax_l):
+            ax.axvline(pub, color=LEARNER_COLORS[T.PUBLISH], linestyle="--", linewidth=1)
+        ax_r.annotate(" published", (pub, 1.0), xycoords=("data", "axes fraction"),
+                      ha="left", va="bottom", fontsize=8)  # fmt: skip
+        stats.append(f"step {_seconds(pub)}")
+        if rollouts:
+            stats.append(f"learner idle {T.learner_idle_frac(tl):.0%}")
+            stats.append(f"tail {_seconds(T.tail_s(tl))}")
+    return stats
+
+
+def _draw_legend(ax_r, rollouts: list[T.Event], learner: list[T.Event]) -> None:
+    """Only the reward colors and learner kinds that appear."""
+    from matplotlib.patches import Patch
+
+    present = {e.attrs.get("reason", e.kind) for e in learner}
+    colors_used = {_rollout_color(e.attrs) for e in rollouts}
+    handles = [
+        Patch(color=c, label=k if k == "rollout" else f"rollout, {k}")
+        for k, c in _REWARD_COLORS.items()
+        if c in colors_used
+    ]
+    handles += [
+        Patch(color=c, label=k if k in (T.OPT, T.PUBLISH, T.CHUNK) else f"chunk: {k}")
+        for k, c in LEARNER_COLORS.items()
+        if k in present
+    ]
+    if handles:
+        ax_r.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+
+
 def plot_timeline(
     tl: T.Timeline,
     path_png: str | os.PathLike,
@@ -98,7 +141,6 @@ def plot_timeline(
     # the Agg canvas never touches pyplot's global backend (safe inside notebooks).
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     rollouts = sorted(
         tl.events(T.ROLLOUT), key=lambda e: (e.attrs.get("group", 0), e.attrs.get("member", 0))
@@ -112,45 +154,14 @@ def plot_timeline(
     _draw_rollouts(ax_r, rollouts, t0)
     _draw_learner(ax_l, learner, t0)
 
-    # Milestones across both rows: last reward and weights published.
-    stats = []
-    if rollouts:
-        last = max(e.end for e in rollouts) - t0
-        for ax in (ax_r, ax_l):
-            ax.axvline(last, color="#444444", linestyle="--", linewidth=1)
-        ax_r.annotate("last reward ", (last, 1.0), xycoords=("data", "axes fraction"),
-                      ha="right", va="bottom", fontsize=8)  # fmt: skip
-    if tl.events(T.PUBLISH):
-        pub = T.step_time_s(tl)
-        for ax in (ax_r, ax_l):
-            ax.axvline(pub, color=LEARNER_COLORS[T.PUBLISH], linestyle="--", linewidth=1)
-        ax_r.annotate(" published", (pub, 1.0), xycoords=("data", "axes fraction"),
-                      ha="left", va="bottom", fontsize=8)  # fmt: skip
-        stats.append(f"step {_seconds(pub)}")
-        if rollouts:
-            stats.append(f"learner idle {T.learner_idle_frac(tl):.0%}")
-            stats.append(f"tail {_seconds(T.tail_s(tl))}")
+    stats = _draw_milestones(ax_r, ax_l, tl, rollouts)
     for ax in (ax_r, ax_l):
         ax.grid(axis="x", color="#eeeeee", linewidth=0.6)
         ax.set_axisbelow(True)
     ax_l.set_xlim(left=0)
     ax_l.set_xlabel("seconds from batch start")
 
-    # Legend: only the reward colors and learner kinds that appear.
-    present = {e.attrs.get("reason", e.kind) for e in learner}
-    colors_used = {_rollout_color(e.attrs) for e in rollouts}
-    handles = [
-        Patch(color=c, label=k if k == "rollout" else f"rollout, {k}")
-        for k, c in _REWARD_COLORS.items()
-        if c in colors_used
-    ]
-    handles += [
-        Patch(color=c, label=k if k in (T.OPT, T.PUBLISH, T.CHUNK) else f"chunk: {k}")
-        for k, c in LEARNER_COLORS.items()
-        if k in present
-    ]
-    if handles:
-        ax_r.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _draw_legend(ax_r, rollouts, learner)
 
     head = title or f"{tl.schedule or 'unknown'} schedule"
     if stats:

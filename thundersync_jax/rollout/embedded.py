@@ -14,7 +14,8 @@ Determinism: token t of a request is drawn with `token_key(sequence_key(*key_ids
 (MODEL's sampling), and each row's arithmetic has the same shapes whatever the other rows hold
 (prefill [1, bucket(prompt)] per request, decode [R, 1]), so a request gives the same tokens
 alone, mixed into any batch, or retried on a restarted engine. Compiles are bounded: one decode
-program, one prefill program per bucket, one score program per (rows, bucket).
+program, one prefill program per bucket, one score program per (rows, bucket). The programs and
+the length buckets are in `embedded_programs.py`; this module is the host-side bookkeeping.
 """
 
 from __future__ import annotations
@@ -34,28 +35,15 @@ from flax import nnx
 
 from thundersync_jax.models import lora as lora_lib
 from thundersync_jax.models import qwen3, sampling
+from thundersync_jax.rollout import embedded_programs as programs
 from thundersync_jax.rollout import protocol, snapshots
+
+# Also reachable as `embedded.length_buckets` / `embedded.bucket_for`, their old home.
+from thundersync_jax.rollout.embedded_programs import bucket_for, length_buckets
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
 
 INITIAL_VERSION = -1
-_MIN_BUCKET = 16
 _SCORE_LOGIT_BUDGET = 1 << 26  # floats of [rows, T, V] logits one score call may hold
-
-
-def length_buckets(max_len: int, min_bucket: int = _MIN_BUCKET) -> tuple[int, ...]:
-    """Powers of two from `min_bucket`, capped by (and ending at) `max_len`."""
-    buckets, b = [], min(min_bucket, max_len)
-    while b < max_len:
-        buckets.append(b)
-        b *= 2
-    return (*buckets, max_len)
-
-
-def bucket_for(n: int, buckets: Sequence[int]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"length {n} exceeds the largest bucket {buckets[-1]}")
 
 
 @dataclasses.dataclass
@@ -122,9 +110,9 @@ class EmbeddedEngine:
         self._steps = 0
         self._tokens_out = 0
         static = (self._graphdef, typed_keys)
-        self._prefill_fn = jax.jit(functools.partial(_prefill, *static), donate_argnums=2)
-        self._decode_fn = jax.jit(functools.partial(_decode, *static), donate_argnums=2)
-        self._score_fn = jax.jit(functools.partial(_score, self._graphdef))
+        self._prefill_fn = jax.jit(functools.partial(programs.prefill, *static), donate_argnums=2)
+        self._decode_fn = jax.jit(functools.partial(programs.decode, *static), donate_argnums=2)
+        self._score_fn = jax.jit(functools.partial(programs.score, self._graphdef))
 
     # ------------------------------------------------------------------ construction
 
@@ -228,7 +216,7 @@ class EmbeddedEngine:
                     "merged weights (lora.publish='merged')"
                 )
             adapters = snapshots.load(path, expected_version=version, like=self._adapters_like)
-            new = _merge_lora(self._base_params, jax.device_put(adapters))
+            new = programs.merge_lora(self._base_params, jax.device_put(adapters))
         else:
             # On CPU the arrays alias the snapshot's read-only mapping (no copy).
             new = jax.device_put(snapshots.load(path, expected_version=version, like=self._params))
@@ -366,95 +354,3 @@ class EmbeddedEngine:
             )
         )
         self._rows[r] = None
-
-
-# ----------------------------------------------------------------------------- jitted programs
-
-
-@jax.jit
-def _merge_lora(base, adapters):
-    return lora_lib.merge(base, adapters)
-
-
-def _sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
-    """Samples each row's next token from `hidden` [R, D]; its position is the row's length."""
-    logits = model.logits_from_hidden(hidden[:, None, :])[:, 0, :]  # [R, V]
-    seq_keys = jax.random.wrap_key_data(key_data) if typed_keys else key_data
-    keys = jax.vmap(sampling.token_key)(seq_keys, cache.lengths)
-    return sampling.sample_token(logits, keys, temperature, top_p)
-
-
-def _prefill(
-    graphdef,
-    typed_keys,
-    params,
-    rest,
-    cache,
-    tokens,
-    lengths,
-    dest,
-    count,
-    key_data,
-    temperature,
-    top_p,
-):
-    """Prefills prompts 0..count-1 of `tokens` [P, T] into cache rows `dest`, samples each one's
-    first token. Other rows of the cache are untouched.
-
-    Each prompt runs alone as a [1, T] batch on a fresh T-slot cache (compute scales with the
-    prompts admitted, not the cache rows, and a prompt's arithmetic never depends on which others
-    were admitted with it); its keys/values then overwrite the first T slots of its row. The loop
-    bound is traced, so prompt slots past `count` are never computed.
-    """
-    t = tokens.shape[1]
-
-    def prefill_one(i, carry):
-        cache, out_tokens, out_logprobs = carry
-        model = nnx.merge(graphdef, params, rest)
-        row_tokens = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=0)  # [1, T]
-        mask = jnp.arange(t)[None, :] < lengths[i]  # prompts are right-padded
-        small = qwen3.init_cache(model.cfg, 1, t, cache.k.dtype)
-        hidden, small = model.hidden_states(row_tokens, attention_mask=mask, cache=small)
-        hidden_last = jax.lax.dynamic_slice_in_dim(hidden[0], lengths[i] - 1, 1, axis=0)  # [1, D]
-        token, logprob = _sample_at(
-            model,
-            typed_keys,
-            hidden_last,
-            small,
-            key_data[i][None],
-            temperature[i][None],
-            top_p[i][None],
-        )
-        at = (0, dest[i], 0, 0, 0)
-        cache = qwen3.KVCache(
-            k=jax.lax.dynamic_update_slice(cache.k, small.k, at),
-            v=jax.lax.dynamic_update_slice(cache.v, small.v, at),
-            lengths=cache.lengths.at[dest[i]].set(small.lengths[0]),
-        )
-        return cache, out_tokens.at[i].set(token[0]), out_logprobs.at[i].set(logprob[0])
-
-    init = (cache, jnp.zeros(tokens.shape[0], jnp.int32), jnp.zeros(tokens.shape[0], jnp.float32))
-    cache, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, prefill_one, init)
-    return out_tokens, out_logprobs, cache
-
-
-def _decode(
-    graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p
-):
-    """Feeds each active row its last sampled token and samples the next one."""
-    model = nnx.merge(graphdef, params, rest)
-    hidden, cache = model.hidden_states(
-        last_tokens[:, None], attention_mask=active[:, None], cache=cache
-    )  # [R, 1, D]
-    tokens_out, logprobs = _sample_at(
-        model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p
-    )
-    return tokens_out, logprobs, cache
-
-
-def _score(graphdef, params, rest, tokens, mask):
-    """[R, T-1] log p(tokens[:, t+1] | tokens[:, :t+1]), float32 (no cache)."""
-    model = nnx.merge(graphdef, params, rest)
-    logits = model(tokens, attention_mask=mask)  # [R, T, V]
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]

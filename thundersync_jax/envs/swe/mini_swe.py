@@ -1,7 +1,7 @@
 """mini-SWE: small generated Python packages with an injected bug, in SWE-bench format.
 
 Each task is a package `p/` of two or three short modules (string utils,
-arithmetic, list processing, parsing; see mini_swe_library.py) with tests,
+arithmetic, list processing, parsing; see mini_swe_library/) with tests,
 committed to a local git repository at the buggy state. The gold patch undoes
 the bug; the test patch adds a second, hidden test of each buggy function.
 Everything is deterministic from (seed, index, difficulty) and kept short for
@@ -65,12 +65,10 @@ _CHECKS_PER_TEST = 3
 # demonstration (two views, two test runs) then fits a 1.5 kB context.
 _FUNCS_PER_MODULE = 2
 # Any change to the generator or its library changes the cache key, so stale cached
-# tasks (older statements, demonstrations) are regenerated rather than reused.
+# tasks (older statements, demonstrations) are regenerated rather than reused. The library
+# enters by value (its records' repr), whatever files it is split into.
 _FORMAT_VERSION = hashlib.sha256(
-    b"".join(
-        pathlib.Path(__file__).with_name(name).read_bytes()
-        for name in ("mini_swe.py", "mini_swe_library.py")
-    )
+    pathlib.Path(__file__).read_bytes() + repr(sorted(MODULES.items())).encode()
 ).hexdigest()
 
 

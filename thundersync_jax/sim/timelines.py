@@ -1,11 +1,17 @@
-"""Bridges between timelines and the simulator: arrival-trace export and sim → timeline."""
+"""Bridges between recorded timelines and the simulator.
+
+`export_arrivals` turns a training step's timeline into the arrival trace the simulator
+replays; `timeline_from_sim` draws a simulated step as a timeline (for the same plots and
+Chrome traces as a real run). They live with the simulator, not in `metrics`, because
+`metrics` is the bottom layer and must not import `sim` (issue 13, item 6).
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
-from thundersync_jax.metrics._timeline import CHUNK, OPT, PUBLISH, ROLLOUT, Timeline
+from thundersync_jax.metrics import CHUNK, OPT, PUBLISH, ROLLOUT, Timeline
 from thundersync_jax.sim import Arrival, SimResult, write_trace
 
 _ROLLOUT_ATTRS = ("traj_id", "group", "member", "tokens", "reward")

@@ -1,8 +1,9 @@
-"""Arrival-trace export from a recorded timeline, replayable by the simulator."""
+"""sim.timelines: arrival-trace export from a recorded timeline, replayable by the simulator."""
 
 import pytest
 
 from thundersync_jax import metrics, sim
+from thundersync_jax.sim import timelines
 
 
 def test_export_round_trips_through_the_trace_file(tmp_path):
@@ -23,7 +24,7 @@ def test_export_round_trips_through_the_trace_file(tmp_path):
                 tokens=tokens,
                 reward=reward,
             )
-        steps[step] = metrics.export_arrivals(tl, path, step=step)
+        steps[step] = timelines.export_arrivals(tl, path, step=step)
     assert steps[0] == [
         sim.Arrival(0, 0, 0, 3.5, 40, 1.0, 0),
         sim.Arrival(1, 0, 1, 1.25, 20, 0.0, 0),
@@ -39,14 +40,14 @@ def test_export_needs_the_trace_fields():
     tl = metrics.Timeline(start_s=0.0)
     tl.record("rollout", 0.0, 1.0, group=0, member=0)
     with pytest.raises(ValueError, match="lacks"):
-        metrics.arrivals_from_timeline(tl)
+        timelines.arrivals_from_timeline(tl)
 
 
 def test_string_trajectory_ids_become_ranks_in_group_member_order():
     tl = metrics.Timeline(start_s=10.0)
     for k, m, end in [(1, 0, 12.0), (0, 1, 11.0), (0, 0, 13.0)]:
         tl.record("rollout", 10.0, end, traj_id=f"g{k}m{m}", group=k, member=m, tokens=5, reward=0)
-    arrivals = metrics.arrivals_from_timeline(tl, step=4)
+    arrivals = timelines.arrivals_from_timeline(tl, step=4)
     assert [(a.traj_id, a.group, a.member, a.arrival_s) for a in arrivals] == [
         (0, 0, 0, 3.0),
         (1, 0, 1, 1.0),

@@ -1,0 +1,127 @@
+"""What the embedded engine compiles: prompt-length buckets and its jitted programs.
+
+Three programs, each a pure function of (params, rest, arrays) over the merged Qwen3
+model: `prefill` (admitted prompts, one [1, bucket] pass each, keys/values written into
+their cache rows), `decode` (one token for every active row, [R, 1]) and `score` (teacher
+log-probs, no cache). Shapes are fixed by the buckets, so the compile count is bounded:
+one decode program, one prefill program per bucket, one score program per (rows, bucket).
+The host-side bookkeeping (rows, queue, weights) is `embedded.EmbeddedEngine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from thundersync_jax.models import lora as lora_lib
+from thundersync_jax.models import qwen3, sampling
+
+MIN_BUCKET = 16
+
+
+def length_buckets(max_len: int, min_bucket: int = MIN_BUCKET) -> tuple[int, ...]:
+    """Powers of two from `min_bucket`, capped by (and ending at) `max_len`."""
+    buckets, b = [], min(min_bucket, max_len)
+    while b < max_len:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, max_len)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"length {n} exceeds the largest bucket {buckets[-1]}")
+
+
+@jax.jit
+def merge_lora(base, adapters):
+    return lora_lib.merge(base, adapters)
+
+
+def sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
+    """Samples each row's next token from `hidden` [R, D]; its position is the row's length."""
+    logits = model.logits_from_hidden(hidden[:, None, :])[:, 0, :]  # [R, V]
+    seq_keys = jax.random.wrap_key_data(key_data) if typed_keys else key_data
+    keys = jax.vmap(sampling.token_key)(seq_keys, cache.lengths)
+    return sampling.sample_token(logits, keys, temperature, top_p)
+
+
+def prefill(
+    graphdef,
+    typed_keys,
+    params,
+    rest,
+    cache,
+    tokens,
+    lengths,
+    dest,
+    count,
+    key_data,
+    temperature,
+    top_p,
+):
+    """Prefills prompts 0..count-1 of `tokens` [P, T] into cache rows `dest`, samples each one's
+    first token. Other rows of the cache are untouched.
+
+    Each prompt runs alone as a [1, T] batch on a fresh T-slot cache (compute scales with the
+    prompts admitted, not the cache rows, and a prompt's arithmetic never depends on which others
+    were admitted with it); its keys/values then overwrite the first T slots of its row. The loop
+    bound is traced, so prompt slots past `count` are never computed.
+    """
+    t = tokens.shape[1]
+
+    def prefill_one(i, carry):
+        cache, out_tokens, out_logprobs = carry
+        model = nnx.merge(graphdef, params, rest)
+        row_tokens = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=0)  # [1, T]
+        mask = jnp.arange(t)[None, :] < lengths[i]  # prompts are right-padded
+        small = qwen3.init_cache(model.cfg, 1, t, cache.k.dtype)
+        hidden, small = model.hidden_states(row_tokens, attention_mask=mask, cache=small)
+        hidden_last = jax.lax.dynamic_slice_in_dim(hidden[0], lengths[i] - 1, 1, axis=0)  # [1, D]
+        token, logprob = sample_at(
+            model,
+            typed_keys,
+            hidden_last,
+            small,
+            key_data[i][None],
+            temperature[i][None],
+            top_p[i][None],
+        )
+        at = (0, dest[i], 0, 0, 0)
+        cache = qwen3.KVCache(
+            k=jax.lax.dynamic_update_slice(cache.k, small.k, at),
+            v=jax.lax.dynamic_update_slice(cache.v, small.v, at),
+            lengths=cache.lengths.at[dest[i]].set(small.lengths[0]),
+        )
+        return cache, out_tokens.at[i].set(token[0]), out_logprobs.at[i].set(logprob[0])
+
+    init = (cache, jnp.zeros(tokens.shape[0], jnp.int32), jnp.zeros(tokens.shape[0], jnp.float32))
+    cache, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, prefill_one, init)
+    return out_tokens, out_logprobs, cache
+
+
+def decode(
+    graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p
+):
+    """Feeds each active row its last sampled token and samples the next one."""
+    model = nnx.merge(graphdef, params, rest)
+    hidden, cache = model.hidden_states(
+        last_tokens[:, None], attention_mask=active[:, None], cache=cache
+    )  # [R, 1, D]
+    tokens_out, logprobs = sample_at(
+        model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p
+    )
+    return tokens_out, logprobs, cache
+
+
+def score(graphdef, params, rest, tokens, mask):
+    """[R, T-1] log p(tokens[:, t+1] | tokens[:, :t+1]), float32 (no cache)."""
+    model = nnx.merge(graphdef, params, rest)
+    logits = model(tokens, attention_mask=mask)  # [R, T, V]
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
