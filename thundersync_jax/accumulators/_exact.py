@@ -3,9 +3,11 @@
 A float32 tally's bits depend on the order of its adds; an integer sum's do
 not. An `ExactSum` holds, per leaf, NUM_LIMBS int32 limbs of LIMB_BITS-bit
 digits at *absolute* binary positions: limb a weighs 2^(LIMB_BITS·a). Each
-leaf has one window, the NUM_LIMBS limbs ending at `top`; `top` is the running
-maximum over every add of the leaf's largest exponent, so it depends on the
-set of values added, not on their order.
+element has its own window, the NUM_LIMBS limbs ending at `top`; `top` is the
+running maximum over every add of that element's exponent, so it depends on
+the set of values added, not on their order. (A per-element window keeps every
+operation elementwise, so XLA fuses an add into a few kernels per leaf; a
+per-leaf window needed a reduction and ran ~8x slower on CPU.)
 
 Every input x is truncated toward zero at the window's lowest position, digit
 by digit: digit a of x is sign(x)·(⌊|x|/2^(L·a)⌋ mod 2^L), the same integer
@@ -15,7 +17,7 @@ the rise would have truncated. So every kept limb is Σ_i digit_a(x_i), an
 integer independent of arrival order, and the float32 read-out is a pure
 function of those integers: any permutation of adds gives the same bits.
 
-Accuracy: the window keeps L·(NUM_LIMBS − 1) = 42 bits below the leaf's
+Accuracy: the window keeps L·(NUM_LIMBS − 1) = 42 bits below the element's
 largest value, so each add loses at most 2^-42 of that value (float32 itself
 rounds at 2^-24). Range: limbs are never carry-normalised while adding (that
 would move dropped digits into kept limbs), so each limb has 31 − L bits of
@@ -50,8 +52,8 @@ class ExactSum(NamedTuple):
     Attributes:
       limbs: int32 pytree like params, each leaf [*lead, L, *leaf.shape]; limb i
         weighs 2^(LIMB_BITS·(top − L + 1 + i)).
-      top: int32 pytree like params, each leaf [*lead]: absolute index of the
-        leaf's highest limb.
+      top: int8 pytree like params, each leaf [*lead, *leaf.shape]: absolute
+        index of each element's highest limb (−10..9 covers float32).
       adds: int32 [*lead], adds into each tally (the headroom guard).
     """
 
@@ -67,7 +69,9 @@ def zeros(params, *lead: int) -> ExactSum:
         limbs=jax.tree.map(
             lambda p: jnp.zeros(lead + (NUM_LIMBS,) + tuple(jnp.shape(p)), jnp.int32), params
         ),
-        top=jax.tree.map(lambda p: jnp.asarray(np.full(lead, EMPTY_TOP, np.int32)), params),
+        top=jax.tree.map(
+            lambda p: jnp.full(lead + tuple(jnp.shape(p)), EMPTY_TOP, jnp.int8), params
+        ),
         adds=jnp.asarray(np.zeros(lead, np.int32)),
     )
 
@@ -79,12 +83,12 @@ def shapes_of(tally: ExactSum):
     )
 
 
-def _leaf_top(x):
-    """Absolute limb index that holds |x| for every element of leaf x."""
+def _element_top(x):
+    """Absolute limb index that holds |x|, per element."""
     bits = jax.lax.bitcast_convert_type(x, jnp.int32)
-    biased = jnp.max((bits >> 23) & 0xFF) if x.size else jnp.int32(0)
+    biased = (bits >> 23) & 0xFF
     # |x| < 2^(biased − 127 + 1) <= 2^(L·(top + 1)) with top = (biased − 127) // L.
-    return jnp.floor_divide(biased - 127, LIMB_BITS).astype(jnp.int32)
+    return jnp.floor_divide(biased - 127, LIMB_BITS)
 
 
 def _digits(x, top):
@@ -110,32 +114,44 @@ def _digits(x, top):
 
 def _raise_window(limbs, top, new_top):
     """Moves a leaf's window up to new_top; limbs below the new window drop wholesale."""
-    delta = new_top - top
-    source = jnp.arange(NUM_LIMBS) + delta
-    kept = (source < NUM_LIMBS).reshape((NUM_LIMBS,) + (1,) * (limbs.ndim - 1))
-    moved = jnp.take(limbs, jnp.minimum(source, NUM_LIMBS - 1), axis=0)
-    return jnp.where(kept, moved, 0)
+    delta = new_top - top  # >= 0, per element
+    # Selects among static slices, not a gather: XLA fuses these with the digit arithmetic
+    # (a jnp.take over the limb axis made the add ~10x slower on CPU).
+    moved = []
+    for i in range(NUM_LIMBS):
+        limb = jnp.zeros_like(limbs[0])
+        for d in range(NUM_LIMBS - i):
+            limb = jnp.where(delta == d, limbs[i + d], limb)
+        moved.append(limb)
+    return jnp.stack(moved)
 
 
 def add_leaf(limbs, top, x, ok):
-    """One leaf's (limbs [L, ...], top) plus x (float32, same shape) when ok; exact."""
+    """One leaf's (limbs [L, ...], top [...]) plus x (float32, same shape) when ok; exact."""
     x = jnp.where(ok, x.astype(jnp.float32), 0.0)
-    new_top = jnp.where(ok, jnp.maximum(top, _leaf_top(x)), top)
-    return _raise_window(limbs, top, new_top) + _digits(x, new_top), new_top
+    top = top.astype(jnp.int32)
+    new_top = jnp.maximum(top, _element_top(x))  # x = 0 (not ok) never raises the window
+    return _raise_window(limbs, top, new_top) + _digits(x, new_top), new_top.astype(jnp.int8)
 
 
-def add(tally: ExactSum, values, ok, index=()) -> tuple[ExactSum, jax.Array]:
+def add(tally: ExactSum, values, ok, index=(), fresh=False) -> tuple[ExactSum, jax.Array]:
     """Adds `values` (float32 pytree like params) into tally[index] when ok.
 
+    `fresh`: tally[index] is emptied first (a bucket taken by a new group); this
+    rides on the read-modify-write of the add, so it costs no extra pass.
     Returns (tally, overflow): an add that would pass MAX_ADDS is skipped and
     reported instead (the caller records it as an error).
     """
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
-    overflow = ok & (tally.adds[index] >= MAX_ADDS)
+    fresh = jnp.asarray(fresh) & ok
+    adds_before = jnp.where(fresh, 0, tally.adds[index])
+    overflow = ok & (adds_before >= MAX_ADDS)
     ok = ok & ~overflow
 
     def one(limbs, top, x):
-        new_limbs, new_top = add_leaf(limbs[index], top[index], x, ok)
+        old_limbs = jnp.where(fresh, 0, limbs[index])
+        old_top = jnp.where(fresh, jnp.int8(EMPTY_TOP), top[index])
+        new_limbs, new_top = add_leaf(old_limbs, old_top, x, ok)
         return limbs.at[index].set(new_limbs), top.at[index].set(new_top)
 
     treedef = jax.tree.structure(tally.limbs)
@@ -150,17 +166,8 @@ def add(tally: ExactSum, values, ok, index=()) -> tuple[ExactSum, jax.Array]:
     ]
     limbs = treedef.unflatten([p[0] for p in pairs])
     top = treedef.unflatten([p[1] for p in pairs])
-    adds = tally.adds.at[index].add(jnp.where(ok, 1, 0))
+    adds = tally.adds.at[index].set(adds_before + jnp.where(ok, 1, 0))
     return ExactSum(limbs, top, adds), overflow
-
-
-def reset(tally: ExactSum, index, when) -> ExactSum:
-    """Empties tally[index] when `when` (a slot taken by a new group)."""
-    index = tuple(jnp.asarray(i, jnp.int32) for i in index)
-    limbs = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, 0, t[index])), tally.limbs)
-    top = jax.tree.map(lambda t: t.at[index].set(jnp.where(when, EMPTY_TOP, t[index])), tally.top)
-    adds = tally.adds.at[index].set(jnp.where(when, 0, tally.adds[index]))
-    return ExactSum(limbs, top, adds)
 
 
 def _carry(limbs: list) -> list:
@@ -174,7 +181,7 @@ def _carry(limbs: list) -> list:
 
 
 def leaf_to_float(limbs, top):
-    """float32 value of one leaf's limbs [L, ...] with window top (a scalar)."""
+    """float32 value of one leaf's limbs [L, ...] with window tops [...]."""
     normal = _carry([limbs[i] for i in range(NUM_LIMBS)])
     negative = normal[-1] < 0  # lower limbs are >= 0 now, so the top limb has the sign
     magnitude = _carry([jnp.where(negative, -d, d) for d in normal])
@@ -183,7 +190,7 @@ def leaf_to_float(limbs, top):
     for i in reversed(range(NUM_LIMBS)):
         weight = jnp.float32(2.0 ** (LIMB_BITS * (i - NUM_LIMBS + 1)))
         value = value + magnitude[i].astype(jnp.float32) * weight
-    value = jnp.ldexp(value, LIMB_BITS * top)
+    value = jnp.ldexp(value, LIMB_BITS * top.astype(jnp.int32))
     return jnp.where(negative, -value, value)
 
 
@@ -194,7 +201,7 @@ def to_float(tally: ExactSum):
 
 
 def stack_to_float(limbs, top):
-    """Values of a stacked leaf limbs [n, L, ...] with tops [n] -> float32 [n, ...]."""
+    """Values of a stacked leaf limbs [n, L, ...] with tops [n, ...] -> float32 [n, ...]."""
     return jax.vmap(leaf_to_float)(limbs, top)
 
 

@@ -79,11 +79,15 @@ def _fold(total: _exact.ExactSum, buckets: _exact.ExactSum, slot, values, used, 
         # jnp.where, not a product with 0: an unused bucket must not bring NaN·0.
         return sum(jnp.where(used_sorted[j], adv_sorted[j] * sums[j], 0.0) for j in range(nb))
 
-    parts = jax.tree.map(contribution, buckets.limbs, buckets.top)
-    finite = _errors.tree_all_finite(parts)
-    total, overflow = _exact.add(total, parts, fold & finite)
-    code = jnp.where((fold & ~finite) | overflow, _errors.EXACT_OVERFLOW, 0)
-    return total, code.astype(jnp.int32)
+    def fold_now(total):
+        parts = jax.tree.map(contribution, buckets.limbs, buckets.top)
+        finite = _errors.tree_all_finite(parts)
+        total, overflow = _exact.add(total, parts, finite)
+        return total, jnp.where(~finite | overflow, _errors.EXACT_OVERFLOW, 0).astype(jnp.int32)
+
+    # lax.cond: most adds do not close their group, and the read-out of the slot's
+    # buckets plus the exact add into total cost several adds' worth of work.
+    return jax.lax.cond(fold, fold_now, lambda total: (total, jnp.int32(0)), total)
 
 
 def _fold_group(cfg: GroupConfig, small: GroupState, total, buckets, k, slot, fold):
@@ -127,8 +131,10 @@ def _add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, c
         on_invalid=cfg.on_invalid,
     )
     inc = jax.tree.map(lambda g: jnp.where(plan.ok, g.astype(jnp.float32) * weight, 0.0), grad)
-    buckets = _exact.reset(state.buckets, (plan.slot,), plan.fresh)
-    buckets, overflow = _exact.add(buckets, inc, plan.ok, (plan.slot, plan.bucket))
+    # A bucket's first member empties it (stale limbs of the slot's previous group).
+    new_bucket = plan.bucket >= jnp.where(plan.fresh, 0, state.bucket_used[plan.slot])
+    index = (plan.slot, plan.bucket)
+    buckets, overflow = _exact.add(state.buckets, inc, plan.ok, index, fresh=new_bucket)
     overflow_code = jnp.where(overflow, _errors.EXACT_OVERFLOW, 0).astype(jnp.int32)
     small = record_error(cfg.on_invalid, small, overflow_code, group, reward, count)
     total = state.total
