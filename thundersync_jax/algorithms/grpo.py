@@ -143,6 +143,8 @@ def accumulator(config) -> Any:
         std_ddof=rl.std_ddof,
         max_len=rl.max_len or config.rollout.max_traj_tokens,
         max_open_groups=rl.max_open_groups or None,
+        # Exactly associative tallies: the same bits whatever the arrival order (DESIGN §8).
+        deterministic=bool(rl.get("deterministic", False)),
     )
 
 

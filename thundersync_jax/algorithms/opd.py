@@ -185,7 +185,12 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:
-    acc, reg_fn = _terms.with_regularizers(accumulators.opd(loss_agg="token-mean"), setup)
+    acc, reg_fn = _terms.with_regularizers(
+        accumulators.opd(
+            loss_agg="token-mean", deterministic=bool(setup.config.rl.get("deterministic", False))
+        ),
+        setup,
+    )
     return batch_learner(acc, _terms.score_grad_fn(setup), setup.pad_id, reg_fn)
 
 
