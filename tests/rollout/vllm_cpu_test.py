@@ -7,7 +7,6 @@ the JAX model in this process (float32 both sides). The engine runs in the vLLM 
 
 import dataclasses
 import os
-import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -36,17 +35,7 @@ CFG = qwen3.Qwen3Config(
 MAX_SEQ_LEN = 256
 
 
-def _vllm_python() -> str | None:
-    chosen = os.environ.get(engine_cmd.VLLM_PYTHON_ENV) or os.path.normpath(
-        engine_cmd._REPO_VLLM_PYTHON
-    )
-    if not os.access(chosen, os.X_OK):
-        return None
-    ok = subprocess.run([chosen, "-c", "import vllm"], capture_output=True, timeout=120)
-    return chosen if ok.returncode == 0 else None
-
-
-VLLM_PYTHON = _vllm_python()
+VLLM_PYTHON = engine_cmd.find_vllm_python()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

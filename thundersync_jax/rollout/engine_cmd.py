@@ -140,6 +140,17 @@ def engine_python(config: Any) -> str:
     return repo if os.access(repo, os.X_OK) else sys.executable
 
 
+def find_vllm_python() -> str | None:
+    """An interpreter that imports vLLM ($THUNDERSYNC_VLLM_PYTHON or .venv-vllm), else None."""
+    import subprocess
+
+    chosen = os.environ.get(VLLM_PYTHON_ENV) or os.path.normpath(_REPO_VLLM_PYTHON)
+    if not os.access(chosen, os.X_OK):
+        return None
+    probe = subprocess.run([chosen, "-c", "import vllm"], capture_output=True, timeout=300)
+    return chosen if probe.returncode == 0 else None
+
+
 def engine_checkpoint(config: Any, model_cfg: Any, workdir: str) -> tuple[str, dict]:
     """(HF directory, extra vllm.LLM kwargs) the vLLM engine starts from.
 
