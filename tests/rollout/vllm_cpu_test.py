@@ -107,7 +107,9 @@ def _learner_logprobs(model, tokens):
     return np.asarray(token_logprobs(model(ids[:, :-1]), ids[:, 1:]))[0]
 
 
-PROMPTS = [[5, 6, 7], [100, 200, 300, 17, 3], [42]]
+# The last prompt fills a whole KV block (vLLM's CPU block size is 128): only full blocks enter
+# the prefix cache, so it is the one that would come back stale after a load without a reset.
+PROMPTS = [[5, 6, 7], [100, 200, 300, 17, 3], [42], [(7 * i) % 384 for i in range(150)]]
 
 
 def test_tied_model_loads_verified_and_serves_the_new_weights(engine):
