@@ -5,12 +5,15 @@ weights it publishes (`learner_probe`, JAX) and sends them with the `load_weight
 engine loads, scores the same tokens with its own kernels (`Backend.score`) and compares
 (`verify_probe`, numpy only). A mismatch is a `ProbeMismatchError` naming the gap and the
 tolerance: the engine replies with an error instead of an ack, and refuses to sample until a
-later load verifies, so a stale or mis-loaded policy is never served silently.
+later load verifies, so a stale or mis-loaded policy is never served silently. (A load refused
+before any weight changed — missing snapshot, wrong version — keeps the old weights serving,
+tagged with their old version.)
 
 Tolerance (`default_atol`), on max |Δ log p| over the probe's tokens: 2e-3 nats when the engine
-computes in float32 (the same model in two implementations: ~1e-5 measured on vLLM's CPU
-backend), 0.25 nats in bfloat16 (bf16 rounding of activations; a stale or wrongly loaded model
-is off by whole nats). A wrong or stale weight set moves the probe by far more than either.
+computes in float32 (the same model in two implementations: 4.8e-7 measured on vLLM's CPU
+backend for a tiny tied Qwen3), 0.25 nats in bfloat16 (5.7e-3 measured there; bf16 rounding
+grows with depth and width). A stale or wrong weight set is off by whole nats (a wrong probe in
+tests/rollout/vllm_cpu_test.py: several nats).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ PROBE_SEED = 20240531  # fixed: the same probe tokens in every process and run
 _ATOL_BY_DTYPE = {"float32": 2e-3, "bfloat16": 0.25, "float16": 0.1}
 
 
-class ProbeMismatchError(RuntimeError):
+class UnverifiedWeightsError(RuntimeError):
+    """The engine's weights may no longer be any published version: it must not sample."""
+
+
+class ProbeMismatchError(UnverifiedWeightsError):
     """The engine's log-probs of the probe differ from the learner's past the tolerance."""
 
 

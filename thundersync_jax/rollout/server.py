@@ -250,7 +250,8 @@ class RolloutServer:
                 self._update_status()  # a health call right after the ack sees the new version
                 self._reply(identity, call_id, value={"version": self.backend.version})
             except Exception as e:
-                self._refusing = f"loading version {version} failed: {type(e).__name__}: {e}"
+                if isinstance(e, load_probe.UnverifiedWeightsError):
+                    self._refusing = f"loading version {version} failed: {type(e).__name__}: {e}"
                 self._reply(identity, call_id, error=f"{type(e).__name__}: {e}")
         held, self._held = self._held, []
         for req in held:

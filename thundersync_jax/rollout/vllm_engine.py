@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from thundersync_jax.rollout import protocol, snapshots
+from thundersync_jax.rollout import load_probe, protocol, snapshots
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
 from thundersync_jax.rollout.vllm_weights import EXTENSION_CLS
 
@@ -143,9 +143,25 @@ class VLLMBackend:
         return done + [protocol.error_result(rid, reason, self.version) for rid in ids]
 
     def load_weights(self, path: str, version: int) -> None:
-        acks = self.llm.collective_rpc(
-            "load_thundersync_snapshot", args=(path, int(version), json.dumps(self.hf_config))
-        )
+        # A missing, torn or wrong-version snapshot fails here, before any weight changes.
+        manifest = snapshots.read_manifest(path)
+        if manifest["version"] != int(version):
+            raise snapshots.SnapshotError(
+                f"snapshot {path} holds version {manifest['version']}, expected {version}"
+            )
+        if manifest["kind"] == "lora_adapters":
+            raise snapshots.SnapshotError(
+                f"{path} holds LoRA adapters; the vLLM engine loads full weights "
+                "(publish merged weights with lora.publish='merged')"
+            )
+        try:
+            acks = self.llm.collective_rpc(
+                "load_thundersync_snapshot", args=(path, int(version), json.dumps(self.hf_config))
+            )
+        except Exception as e:  # the workers may hold a mix of old and new tensors now
+            raise load_probe.UnverifiedWeightsError(
+                f"vLLM workers failed to load version {version} from {path}: {e}"
+            ) from e
         if any(int(a) != int(version) for a in acks):
             raise snapshots.SnapshotError(f"vLLM workers acknowledged {acks}, expected {version}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights

@@ -8,14 +8,15 @@ It loads through vLLM's own in-place reload (`model_runner.reload_weights`), the
 re-runs each layer's `process_weights_after_loading` (on CPU that repacks every linear layer's
 weight into the oneDNN / packed-GEMM copy the kernels actually read).
 
-Tied embeddings need one more step. With `tie_word_embeddings=True` the LM head shares the
-embedding's parameter, and the checkpoint (like ours) carries no `lm_head.weight`. The reload
-updates the shared tensor, but the head itself had "nothing to load", so vLLM puts its old kernel
-tensors back and never re-runs its processing. On CPU the head computes from a packed copy made
-at start-up (`lm_head.cpu_linear`), so a tied model keeps serving the *old* output layer with
-the new body — measured with vLLM 0.32.0: different tokens than a fresh engine on the same
-weights. `refresh_tied_head` re-runs the head's processing from the (updated) shared weight;
-on GPUs the unquantized head reads its weight directly and the refresh is a no-op copy.
+Tied embeddings (`tie_word_embeddings=True`, Qwen3-0.6B/1.7B/4B). Measured with vLLM 0.32.0's
+CPU backend on a tiny tied Qwen3: `collective_rpc("reload_weights", kwargs={"weights_path": DIR})`
+serves different greedy tokens than our float32 JAX model on the same weights (the untied model
+matches), while this path — `reload_weights` with an iterator of the snapshot's tensors —
+matches the learner's log-probs to 4.8e-7 (float32) and 5.7e-3 (bfloat16, whose LM head runs on
+a packed copy of the weight) even without `refresh_tied_head`. Why the path-based reload goes
+wrong was not pinned down. `refresh_tied_head` re-runs the shared head's post-load processing
+(repacking from the updated shared weight) after every load anyway, a cheap guard for kernels
+that compute the head from a copy; the load probe (load_probe) is what proves each load.
 """
 
 from __future__ import annotations
