@@ -17,6 +17,7 @@ The device, jax/vLLM versions and every setting go into the JSON beside the numb
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import subprocess
@@ -211,6 +212,9 @@ def stream_sync_part(size: CheckSize, workdir: str, python: str) -> dict[str, An
         cmd += [f"--config.num_steps={size.steps}", f"--config.rollout.engine_python={python}"]
         cmd += [f"--config.rollout.snapshot_root={os.path.join(workdir, 'shm')}"]
         cmd += [f"--config.sft.cache_dir={os.path.join(workdir, 'sft')}"]
+        # The tiny warm start earns reward 0 everywhere (zero advantages, skipped updates); the
+        # entropy term gives every step a non-zero gradient, so the comparison has content.
+        cmd += ["--config.rl.entropy_coef=0.01"]
         t = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=_repo_root(), timeout=1800)
         with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -220,10 +224,20 @@ def stream_sync_part(size: CheckSize, workdir: str, python: str) -> dict[str, An
             "params": safetensors.numpy.load_file(os.path.join(out, "final", "model.safetensors")),
             "step_time_s": [m["step_time_s"] for m in metrics],
             "reward_mean": [m["reward_mean"] for m in metrics],
+            "grad_norm": [m["grad_norm"] for m in metrics],
+            "update_skipped": [m["update_skipped"] for m in metrics],
         }
     a, b = runs["sync"].pop("params"), runs["stream"].pop("params")
+    start_dir = glob.glob(os.path.join(workdir, "sft", "sft", "student-*"))[0]
+    start = safetensors.numpy.load_file(os.path.join(start_dir, "model.safetensors"))
     gap = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
-    return {"max_abs_param_diff": gap, "same_keys": sorted(a) == sorted(b), **runs}
+    moved = max(float(np.max(np.abs(a[k].astype(np.float64) - start[k]))) for k in a)
+    return {
+        "max_abs_param_diff": gap,  # sync vs stream final parameters
+        "max_abs_update": moved,  # sync final vs the warm start: what the two steps changed
+        "same_keys": sorted(a) == sorted(b),
+        **runs,
+    }
 
 
 def _repo_root() -> str:
