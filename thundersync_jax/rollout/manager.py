@@ -128,8 +128,9 @@ class EngineManager:
             try:
                 eng.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                eng.process.kill()
-                eng.process.wait()
+                pass
+            _kill_group(eng.process)  # also sweeps children left behind by a clean exit
+            eng.process.wait()
         self._engines = []
         try:
             for name in os.listdir(self._sock_dir):
@@ -262,7 +263,10 @@ class EngineManager:
         address = f"ipc://{self._sock_dir}/engine{index}-{uuid.uuid4().hex[:6]}.sock"
         cmd = [self.python, "-m", "thundersync_jax.rollout.server", "--address", address]
         cmd += ["--parent-pid", str(os.getpid()), *self.server_args]
-        return address, subprocess.Popen(cmd, env={**self.env, **self.engine_envs[index]})
+        env = {**self.env, **self.engine_envs[index]}
+        # Own process group: killing an engine also kills what it spawned (vLLM's engine-core
+        # and worker processes, which do not exit when their parent is SIGKILLed).
+        return address, subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def _connect(self, index: int, address: str, proc: subprocess.Popen) -> _Engine:
         client = EngineClient(address, timeout_s=self.request_timeout_s)
@@ -271,7 +275,7 @@ class EngineManager:
         while not future.done():
             if proc.poll() is not None or time.monotonic() > deadline:
                 client.close()
-                proc.kill()
+                _kill_group(proc)
                 raise EngineError(
                     f"engine {index} did not start (exit code {proc.poll()}); see its stderr"
                 )
@@ -307,7 +311,7 @@ class EngineManager:
         print(f"engine manager: engine {idx} {why}; restarting", file=sys.stderr)
         old.client.abandon()
         if old.process.poll() is None:
-            old.process.kill()
+            _kill_group(old.process)
         old.process.wait()
         with self._lock:
             mine = [(rid, e) for rid, e in self._inflight.items() if e[2] == idx]
@@ -345,3 +349,11 @@ class EngineManager:
         for rid, entry in expired:
             self._engines[entry[2]].client.cancel([rid])
         self._fail(expired, f"no result within request_timeout_s={self.request_timeout_s}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILLs the engine's whole process group (see `_spawn`), or the process alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
