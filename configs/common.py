@@ -102,6 +102,14 @@ def get_base_config() -> ml_collections.ConfigDict:
             max_error_turns=0,  # stop after this many malformed turns in a row; 0 = never
             snapshot_root="/dev/shm/thundersync",
             request_timeout_s=300.0,
+            # vLLM engine (rollout/engine_cmd.py): interpreter ("" = $THUNDERSYNC_VLLM_PYTHON or
+            # .venv-vllm), extra vllm.LLM kwargs as JSON, KV-cache fraction of RAM on CPU, and
+            # the load probe: tokens scored after every load, tolerance (0 = by model.dtype).
+            engine_python="",
+            vllm_kwargs="",
+            cpu_memory_fraction=0.1,
+            probe_tokens=32,
+            probe_atol=0.0,
         )
     )
     c.env = ml_collections.ConfigDict(

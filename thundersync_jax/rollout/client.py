@@ -132,13 +132,23 @@ class EngineClient:
         except concurrent.futures.TimeoutError:
             raise EngineError(f"{op} on {self.address} got no reply within {timeout}s") from None
 
-    def load_weights(self, path: str, version: int, *, timeout_s: float | None = None) -> int:
+    def load_weights(
+        self,
+        path: str,
+        version: int,
+        *,
+        probe: dict | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
         """Makes the engine load snapshot `path`; returns the version it acknowledged.
 
         Requests sent before this call finish on the old weights; later ones use the new.
+        With a `probe` (load_probe.make_probe) the engine acknowledges only once its log-probs
+        of the probe match; otherwise this raises EngineError with the measured gap.
         """
+        extra = {} if probe is None else {"probe": probe}
         ack = self.call(
-            protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), timeout_s=timeout_s
+            protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), timeout_s=timeout_s, **extra
         )
         if ack["version"] != int(version):
             raise EngineError(f"engine acknowledged version {ack['version']}, sent {version}")

@@ -56,6 +56,12 @@ class EngineManager:
       start_timeout_s: how long a new process may take to answer its first health call.
       max_restarts: per engine; past it the engine's requests fail instead of retrying.
       env: extra environment variables for the server processes.
+      engine_envs: per-engine variables on top of `env` (e.g. each engine's
+        CUDA_VISIBLE_DEVICES, see engine_cmd.engine_envs); one map per engine.
+      python: interpreter of the server processes (default: this one), e.g. a separate
+        environment that holds vLLM.
+      load_probe: `probe(params, kind) -> probe | None` (load_probe.learner_probe); every
+        `publish` sends it with the load, so an engine acknowledges only verified weights.
     """
 
     def __init__(
@@ -69,6 +75,9 @@ class EngineManager:
         start_timeout_s: float = 180.0,
         max_restarts: int = 3,
         env: dict[str, str] | None = None,
+        engine_envs: Sequence[dict[str, str]] | None = None,
+        python: str | None = None,
+        load_probe: Any = None,
     ):
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
@@ -80,12 +89,17 @@ class EngineManager:
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.env = {**os.environ, **(env or {})}
+        if engine_envs is not None and len(engine_envs) != num_engines:
+            raise ValueError(f"engine_envs has {len(engine_envs)} maps for {num_engines} engines")
+        self.engine_envs = list(engine_envs or [{}] * num_engines)
+        self.python = python or sys.executable
+        self.load_probe = load_probe
         self._sock_dir = tempfile.mkdtemp(prefix="thundersync-engines-")
         self._lock = threading.RLock()
         self._engines: list[_Engine] = []
         # request_id -> (request, callback, engine index, deadline)
         self._inflight: dict[str, tuple[GenerateRequest, ResultCallback, int, float]] = {}
-        self._snapshot: tuple[str, int] | None = None
+        self._snapshot: tuple[str, int, dict | None] | None = None  # path, version, probe
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -114,8 +128,9 @@ class EngineManager:
             try:
                 eng.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                eng.process.kill()
-                eng.process.wait()
+                pass
+            _kill_group(eng.process)  # also sweeps children left behind by a clean exit
+            eng.process.wait()
         self._engines = []
         try:
             for name in os.listdir(self._sock_dir):
@@ -189,12 +204,25 @@ class EngineManager:
 
     # ------------------------------------------------------------------ weights and calls
 
-    def load_weights(self, path: str, version: int, *, timeout_s: float | None = None) -> int:
-        """Every engine loads snapshot `path`; returns once all acknowledged `version`."""
+    def load_weights(
+        self,
+        path: str,
+        version: int,
+        *,
+        probe: dict | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Every engine loads snapshot `path`; returns once all acknowledged `version`.
+
+        With a `probe` every engine verifies its load against it before acknowledging.
+        """
+        extra = {} if probe is None else {"probe": probe}
         with self._lock:
             engines = list(self._engines)
         futures = [
-            eng.client.call_async(protocol.OP_LOAD_WEIGHTS, path=path, version=int(version))
+            eng.client.call_async(
+                protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), **extra
+            )
             for eng in engines
         ]
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
@@ -206,7 +234,7 @@ class EngineManager:
             if ack != int(version):
                 raise EngineError(f"engine {eng.index} acknowledged {ack}, expected {version}")
         with self._lock:
-            self._snapshot = (path, int(version))
+            self._snapshot = (path, int(version), probe)
         return int(version)
 
     def publish(self, params: Any, version: int, root: str, **publish_kwargs: Any) -> str:
@@ -214,8 +242,10 @@ class EngineManager:
         from thundersync_jax.rollout import snapshots  # JAX-side; the manager itself needs no JAX
 
         prepare_next = publish_kwargs.pop("prepare_next", True)
+        kind = publish_kwargs.get("kind", "params")
+        probe = None if self.load_probe is None else self.load_probe(params, kind)
         path = snapshots.publish(params, version, root, prepare_next=False, **publish_kwargs)
-        self.load_weights(path, version)
+        self.load_weights(path, version, probe=probe)
         if prepare_next:  # after the acks, so preparing the next file does not slow the loads
             snapshots.prepare_next(path)
         return path
@@ -231,9 +261,12 @@ class EngineManager:
 
     def _spawn(self, index: int) -> tuple[str, subprocess.Popen]:
         address = f"ipc://{self._sock_dir}/engine{index}-{uuid.uuid4().hex[:6]}.sock"
-        cmd = [sys.executable, "-m", "thundersync_jax.rollout.server", "--address", address]
+        cmd = [self.python, "-m", "thundersync_jax.rollout.server", "--address", address]
         cmd += ["--parent-pid", str(os.getpid()), *self.server_args]
-        return address, subprocess.Popen(cmd, env=self.env)
+        env = {**self.env, **self.engine_envs[index]}
+        # Own process group: killing an engine also kills what it spawned (vLLM's engine-core
+        # and worker processes, which do not exit when their parent is SIGKILLed).
+        return address, subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def _connect(self, index: int, address: str, proc: subprocess.Popen) -> _Engine:
         client = EngineClient(address, timeout_s=self.request_timeout_s)
@@ -242,7 +275,7 @@ class EngineManager:
         while not future.done():
             if proc.poll() is not None or time.monotonic() > deadline:
                 client.close()
-                proc.kill()
+                _kill_group(proc)
                 raise EngineError(
                     f"engine {index} did not start (exit code {proc.poll()}); see its stderr"
                 )
@@ -278,7 +311,7 @@ class EngineManager:
         print(f"engine manager: engine {idx} {why}; restarting", file=sys.stderr)
         old.client.abandon()
         if old.process.poll() is None:
-            old.process.kill()
+            _kill_group(old.process)
         old.process.wait()
         with self._lock:
             mine = [(rid, e) for rid, e in self._inflight.items() if e[2] == idx]
@@ -289,7 +322,8 @@ class EngineManager:
             address, proc = self._spawn(idx)
             eng = self._connect(idx, address, proc)
             if self._snapshot is not None:
-                eng.client.load_weights(*self._snapshot, timeout_s=self.start_timeout_s)
+                path, version, probe = self._snapshot
+                eng.client.load_weights(path, version, probe=probe, timeout_s=self.start_timeout_s)
         except EngineError as e:
             old.restarts += 1
             self._fail(mine, f"engine {idx} {why}; restart failed: {e}")
@@ -315,3 +349,11 @@ class EngineManager:
         for rid, entry in expired:
             self._engines[entry[2]].client.cancel([rid])
         self._fail(expired, f"no result within request_timeout_s={self.request_timeout_s}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILLs the engine's whole process group (see `_spawn`), or the process alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()

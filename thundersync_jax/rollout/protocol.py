@@ -4,7 +4,8 @@ Operations a client sends (each a msgpack map with an ``op`` field, see `wire`):
 
     generate      {"requests": [request...]}     -> one "result" per request, as each finishes
     cancel        {"request_ids": [...]}         -> those requests end with an error result
-    load_weights  {"call_id", "path", "version"} -> reply {"version"} once loaded
+    load_weights  {"call_id", "path", "version", "probe"?} -> reply {"version"} once loaded
+                  (and, with a probe, verified: see load_probe)
     score         {"call_id", "tokens": [...]}   -> reply {"logprobs": [array...]}
     health        {"call_id"}                    -> reply {"version", "active", "queued", ...}
     shutdown      {"call_id"}                    -> reply {}, then the server exits

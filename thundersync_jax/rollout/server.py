@@ -11,7 +11,9 @@ shares JAX state with an engine.
 
 Weight loads are barriers in arrival order: requests received before a `load_weights` finish on
 the old weights, requests received after it wait and run on the new ones, so every result has
-exactly one policy version.
+exactly one policy version. A load that carries a probe (`load_probe`) is acknowledged only after
+the engine's log-probs of the probe match the learner's; on a mismatch the call fails and the
+server refuses to sample (error results) until a later load verifies.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import zmq
 
-from thundersync_jax.rollout import protocol, wire
+from thundersync_jax.rollout import load_probe, protocol, wire
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult, RequestError
 
 INITIAL_VERSION = -1  # weights that were never published (random init or a base checkpoint)
@@ -66,7 +68,8 @@ class RolloutServer:
         self.parent_pid = parent_pid
         self._owner: dict[str, bytes] = {}  # request_id -> client identity
         self._held: list[GenerateRequest] = []  # arrived after a pending load_weights
-        self._loads: list[tuple[bytes, Any, str, int]] = []
+        self._loads: list[tuple[bytes, Any, str, int, dict | None]] = []
+        self._refusing: str | None = None  # why sampling is refused (a load failed its probe)
         self._running = True
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, message) for the engine
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, frame) to send
@@ -176,7 +179,8 @@ class RolloutServer:
             elif op == protocol.OP_CANCEL:
                 self._on_cancel(message.get("request_ids") or [])
             elif op == protocol.OP_LOAD_WEIGHTS:
-                self._loads.append((identity, call_id, message["path"], int(message["version"])))
+                path, version = message["path"], int(message["version"])
+                self._loads.append((identity, call_id, path, version, message.get("probe")))
             elif op == protocol.OP_SCORE:
                 value = {"logprobs": self.backend.score(message["tokens"])}
                 self._reply(identity, call_id, value=value)
@@ -204,6 +208,8 @@ class RolloutServer:
                 protocol.validate_request(req, self.backend.limits)
                 if req.request_id in self._owner:
                     raise RequestError(f"request_id {req.request_id!r} is already in flight")
+                if self._refusing is not None and not self._loads:
+                    raise RequestError(f"engine refuses to sample: {self._refusing}")
             except Exception as e:
                 error = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
                 res = protocol.error_result(rid, error, self.backend.version)
@@ -230,16 +236,36 @@ class RolloutServer:
 
     def _run_loads(self) -> None:
         while self._loads:
-            identity, call_id, path, version = self._loads.pop(0)
+            identity, call_id, path, version, probe = self._loads.pop(0)
             try:
                 self.backend.load_weights(path, version)
+                if probe is not None:
+                    engine_lp = self.backend.score([probe["tokens"]])[0]
+                    gap = load_probe.verify_probe(probe, engine_lp, version)
+                    print(
+                        f"rollout server: version {version} verified, max |Δ| {gap:.3g}",
+                        file=sys.stderr,
+                    )
+                self._refusing = None
                 self._update_status()  # a health call right after the ack sees the new version
                 self._reply(identity, call_id, value={"version": self.backend.version})
             except Exception as e:
+                if isinstance(e, load_probe.UnverifiedWeightsError):
+                    self._refusing = f"loading version {version} failed: {type(e).__name__}: {e}"
                 self._reply(identity, call_id, error=f"{type(e).__name__}: {e}")
         held, self._held = self._held, []
         for req in held:
-            self.backend.submit(req)
+            if self._refusing is None:
+                self.backend.submit(req)
+            else:
+                self._send_result(
+                    self._owner.pop(req.request_id),
+                    protocol.error_result(
+                        req.request_id,
+                        f"engine refuses to sample: {self._refusing}",
+                        self.backend.version,
+                    ),
+                )
 
     def _step(self) -> None:
         try:
@@ -298,6 +324,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     )
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel size (vllm engine)")
+    p.add_argument("--memory-fraction", type=float, default=0.9, help="of each GPU (vllm engine)")
     p.add_argument("--vllm-kwargs", default="{}", help="JSON kwargs for vllm.LLM (vllm engine)")
     return p
 
@@ -314,6 +342,8 @@ def server_args(
     param_dtype: str = "float32",
     lora: tuple[int, float, Sequence[str]] | None = None,
     vllm_kwargs: dict | None = None,
+    tp_size: int = 1,
+    memory_fraction: float = 0.9,
 ) -> list[str]:
     """The command line (minus --address/--parent-pid) for EngineManager(server_args=...).
 
@@ -324,6 +354,7 @@ def server_args(
     """
     args = ["--engine", engine, "--init-seed", str(init_seed), "--max-batch", str(max_batch)]
     args += ["--max-seq-len", str(max_seq_len), "--dtype", dtype, "--param-dtype", param_dtype]
+    args += ["--tp-size", str(tp_size), "--memory-fraction", str(memory_fraction)]
     if hf_config is not None:
         args += ["--model-config", json.dumps(hf_config)]
     if checkpoint:

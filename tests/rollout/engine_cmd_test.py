@@ -1,0 +1,94 @@
+"""Engine command lines and GPU placement for every shipped config and variant."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from configs import b200, cpu, h200, terminal_opd_cpu
+from thundersync_jax.models import qwen3
+from thundersync_jax.rollout import engine_cmd
+from thundersync_jax.rollout import server as rollout_server
+
+SHIPPED = [
+    ("cpu", cpu, None),
+    ("cpu", cpu, "smoke"),
+    ("cpu", cpu, "vllm"),
+    ("terminal_opd_cpu", terminal_opd_cpu, None),
+    ("terminal_opd_cpu", terminal_opd_cpu, "smoke"),
+    *[("b200", b200, v) for v in b200.VARIANTS],
+    *[("h200", h200, v) for v in h200.VARIANTS],
+]
+
+
+@pytest.mark.parametrize(("name", "module", "variant"), SHIPPED, ids=lambda x: str(x))
+def test_engine_command_line_and_placement(tmp_path, name, module, variant):
+    config = module.get_config(variant)
+    model_cfg = qwen3.Qwen3Config.from_config_dict(config.model)
+    spec = engine_cmd.rollout_engines(config, model_cfg, str(tmp_path))
+    args = rollout_server.build_arg_parser().parse_args(["--address", "ipc://x", *spec.server_args])
+    ro = config.rollout
+    assert args.engine == ro.engine
+    assert (args.max_batch, args.max_seq_len) == (ro.max_batch, ro.max_traj_tokens)
+    assert (args.dtype, args.param_dtype) == (config.model.dtype, config.model.param_dtype)
+    assert spec.num_engines == ro.num_engines
+    if ro.engine == "vllm":
+        # vLLM starts from a checkpoint: the user's, or the model's config.json + dummy weights.
+        with open(os.path.join(args.checkpoint, "config.json")) as f:
+            assert qwen3.Qwen3Config.from_hf(json.load(f)) == model_cfg
+        assert json.loads(args.vllm_kwargs)["load_format"] == "dummy"
+        assert spec.load_probe is not None
+    else:
+        assert qwen3.Qwen3Config.from_hf(json.loads(args.model_config)) == model_cfg
+        assert spec.python == sys.executable and spec.load_probe is None
+    if "node" not in config:
+        assert all("CUDA_VISIBLE_DEVICES" not in env for env in spec.envs)
+        return
+    node = config.node
+    assert (args.tp_size, args.memory_fraction) == (node.rollout_tp, node.rollout_memory_fraction)
+    owned = [p.gpus for p in spec.placements]
+    assert all(len(g) == node.rollout_tp for g in owned)
+    flat = [g for gpus in owned for g in gpus]
+    learner = engine_cmd.learner_gpus(config)
+    assert len(set(flat)) == len(flat) == node.rollout_gpus  # each GPU to one engine
+    assert not set(flat) & set(learner) and len(learner) == config.mesh.fsdp * config.mesh.tp
+    assert max(flat + list(learner)) < node.num_gpus
+    for env, gpus in zip(spec.envs, owned, strict=True):
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))
+        assert env["JAX_PLATFORMS"] == "cpu"  # the engine's JAX only converts snapshots
+
+
+def test_h200_full_gives_three_engines_one_gpu_each(tmp_path):
+    config = h200.get_config("full")
+    gpus = [p.gpus for p in engine_cmd.placements(config)]
+    assert gpus == [(0,), (1,), (2,)]
+    assert engine_cmd.learner_gpus(config) == (3, 4, 5, 6, 7)
+
+
+def test_bad_engine_settings_are_refused_with_the_values(tmp_path):
+    config = b200.get_config("lora")
+    config.rollout.num_engines = 3
+    with pytest.raises(ValueError, match=r"3 rollout engine\(s\) x tensor parallel 4"):
+        engine_cmd.placements(config)
+    config = b200.get_config("lora")
+    config.lora.publish = "adapters"
+    with pytest.raises(ValueError, match="lora.publish='merged'"):
+        engine_cmd.check_engine_config(config)
+    config = b200.get_config("full")
+    config.node.learner_gpus = 6
+    with pytest.raises(ValueError, match="> num_gpus 8"):
+        engine_cmd.placements(config)
+    config = cpu.get_config()
+    config.rollout.engine = "sglang"
+    with pytest.raises(ValueError, match="rollout.engine must be one of"):
+        engine_cmd.check_engine_config(config)
+
+
+def test_teacher_engines_take_the_gpus_after_the_rollout_ones():
+    config = b200.get_config("full")
+    config.node.rollout_gpus, config.node.teacher_gpus, config.node.teacher_tp = 2, 2, 2
+    config.node.rollout_tp, config.node.learner_gpus = 2, 4
+    config.teacher = type(config)(dict(num_engines=1))
+    assert [p.gpus for p in engine_cmd.placements(config, "teacher")] == [(2, 3)]
+    assert engine_cmd.learner_gpus(config) == (4, 5, 6, 7)

@@ -1,0 +1,213 @@
+"""The engine processes of a run, from its config: command line, GPUs, interpreter, load probe.
+
+    spec = engine_cmd.rollout_engines(config, model_cfg, workdir)
+    manager = EngineManager(spec.server_args, spec.num_engines, engine_envs=spec.envs,
+                            python=spec.python, load_probe=spec.load_probe)
+
+Placement (`config.node`, GPU configs): the node's GPUs are handed out in order — rollout engines
+first (engine i gets GPUs [i·rollout_tp, (i+1)·rollout_tp)), then teacher engines, then the
+learner — so engines and the learner never share a GPU. Each engine process sees only its GPUs
+(CUDA_VISIBLE_DEVICES), runs vLLM with tensor parallelism over all of them and takes
+`node.rollout_memory_fraction` of each. Without a `node` section (CPU configs) engines get no GPU.
+
+vLLM pins its own torch and transformers, so it usually lives in a second environment; the
+engine interpreter is `rollout.engine_python`, else $THUNDERSYNC_VLLM_PYTHON, else the
+repository's `.venv-vllm` (what `make test` builds), else this interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from thundersync_jax.rollout import load_probe
+from thundersync_jax.rollout import server as rollout_server
+
+ENGINES = ("embedded", "vllm")
+VLLM_PYTHON_ENV = "THUNDERSYNC_VLLM_PYTHON"
+_REPO_VLLM_PYTHON = os.path.join(
+    os.path.dirname(__file__), "..", "..", ".venv-vllm", "bin", "python"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one engine process runs.
+
+    Attributes:
+      gpus: the node's GPU indices it owns (empty: no GPU, a CPU engine).
+      tp_size: tensor-parallel size (= len(gpus) on a GPU, 1 on CPU).
+      memory_fraction: of each of its GPUs that vLLM may take (weights + KV cache).
+    """
+
+    gpus: tuple[int, ...]
+    tp_size: int
+    memory_fraction: float
+
+    def env(self) -> dict[str, str]:
+        """Environment of the engine process: its GPUs only; JAX (weight conversion) on CPU."""
+        env = {"JAX_PLATFORMS": "cpu"}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        return env
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """Everything EngineManager needs to start a role's engines (see the module docstring)."""
+
+    server_args: list[str]
+    placements: list[Placement]
+    python: str
+    load_probe: Callable[[Any, str], dict | None] | None
+    start_timeout_s: float = 180.0
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.placements)
+
+    @property
+    def envs(self) -> list[dict[str, str]]:
+        return [p.env() for p in self.placements]
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+    return float(value)
+
+
+def placements(config: Any, role: str = "rollout") -> list[Placement]:
+    """The engines of `role` ("rollout" or "teacher") and their GPUs, from `config.node`."""
+    if role not in ("rollout", "teacher"):
+        raise ValueError(f"role must be 'rollout' or 'teacher', got {role!r}")
+    num = int(config.rollout.num_engines) if role == "rollout" else int(config.teacher.num_engines)
+    if num < 1:
+        raise ValueError(f"{role}: num_engines must be >= 1, got {num}")
+    node = config.get("node")
+    if node is None or int(node.get("num_gpus", 0)) == 0:
+        return [Placement((), 1, 0.9)] * num
+    total, rollout, teacher = int(node.num_gpus), int(node.rollout_gpus), int(node.teacher_gpus)
+    learner = int(node.learner_gpus)
+    if rollout + teacher + learner > total:
+        raise ValueError(
+            f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
+            f"> num_gpus {total}"
+        )
+    first, gpus, tp = (
+        (0, rollout, int(node.rollout_tp))
+        if role == "rollout"
+        else (rollout, teacher, int(node.teacher_tp))
+    )
+    if tp < 1 or num * tp != gpus:
+        raise ValueError(
+            f"node: {num} {role} engine(s) x tensor parallel {tp} must use exactly the "
+            f"{gpus} {role} GPUs (set {role}.num_engines x node.{role}_tp = node.{role}_gpus)"
+        )
+    fraction = _check_fraction("node.rollout_memory_fraction", node.rollout_memory_fraction)
+    return [
+        Placement(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction)
+        for i in range(num)
+    ]
+
+
+def learner_gpus(config: Any) -> tuple[int, ...]:
+    """The node's GPUs left to the learner (after rollout and teacher engines); () on CPU."""
+    node = config.get("node")
+    if node is None or int(node.get("num_gpus", 0)) == 0:
+        return ()
+    first = int(node.rollout_gpus) + int(node.teacher_gpus)
+    return tuple(range(first, first + int(node.learner_gpus)))
+
+
+def engine_python(config: Any) -> str:
+    """The interpreter of the engine processes (see the module docstring)."""
+    if config.rollout.engine != "vllm":
+        return sys.executable
+    chosen = config.rollout.get("engine_python", "") or os.environ.get(VLLM_PYTHON_ENV, "")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise ValueError(
+                f"rollout.engine_python / ${VLLM_PYTHON_ENV}: {chosen!r} is not "
+                "an executable interpreter"
+            )
+        return chosen
+    repo = os.path.normpath(_REPO_VLLM_PYTHON)
+    return repo if os.access(repo, os.X_OK) else sys.executable
+
+
+def find_vllm_python() -> str | None:
+    """An interpreter that imports vLLM ($THUNDERSYNC_VLLM_PYTHON or .venv-vllm), else None."""
+    import subprocess
+
+    chosen = os.environ.get(VLLM_PYTHON_ENV) or os.path.normpath(_REPO_VLLM_PYTHON)
+    if not os.access(chosen, os.X_OK):
+        return None
+    probe = subprocess.run([chosen, "-c", "import vllm"], capture_output=True, timeout=300)
+    return chosen if probe.returncode == 0 else None
+
+
+def engine_checkpoint(config: Any, model_cfg: Any, workdir: str) -> tuple[str, dict]:
+    """(HF directory, extra vllm.LLM kwargs) the vLLM engine starts from.
+
+    `model.checkpoint` when given; otherwise a directory with the model's config.json only and
+    vLLM's dummy weights (the trainer publishes and verifies the real ones before sampling).
+    """
+    if config.model.checkpoint:
+        return str(config.model.checkpoint), {}
+    path = os.path.join(workdir, "engine_config")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({**model_cfg.to_hf(), "torch_dtype": str(config.model.param_dtype)}, f, indent=2)
+    return path, {"load_format": "dummy"}
+
+
+def check_engine_config(config: Any) -> None:
+    """Refuses engine settings that could not run, naming the value and what is valid."""
+    engine = config.rollout.engine
+    if engine not in ENGINES:
+        raise ValueError(f"rollout.engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "vllm" and config.lora.enabled and config.lora.publish != "merged":
+        raise ValueError(
+            "rollout.engine='vllm' loads full weights: set lora.publish='merged' "
+            f"(got {config.lora.publish!r})"
+        )
+    placements(config, "rollout")
+
+
+def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
+    """The rollout engines' command line, placements, interpreter and load probe."""
+    check_engine_config(config)
+    ro = config.rollout
+    places = placements(config, "rollout")
+    kwargs: dict[str, Any] = dict(
+        engine=ro.engine,
+        max_batch=int(ro.max_batch),
+        max_seq_len=int(ro.max_traj_tokens),
+        dtype=str(config.model.dtype),
+        param_dtype=str(config.model.param_dtype),
+        init_seed=int(config.seed),
+        tp_size=places[0].tp_size,
+        memory_fraction=places[0].memory_fraction,
+    )
+    probe = None
+    if ro.engine == "vllm":
+        checkpoint, vllm_kwargs = engine_checkpoint(config, model_cfg, workdir)
+        vllm_kwargs.update(json.loads(ro.get("vllm_kwargs", "") or "{}"))
+        if not places[0].gpus:  # vLLM's CPU backend: a small KV cache, no graph capture
+            vllm_kwargs.setdefault("enforce_eager", True)
+            kwargs["memory_fraction"] = float(ro.get("cpu_memory_fraction", 0.1))
+        args = rollout_server.server_args(
+            None, checkpoint=checkpoint, vllm_kwargs=vllm_kwargs, **kwargs
+        )
+        atol = float(ro.get("probe_atol", 0.0)) or load_probe.default_atol(str(config.model.dtype))
+        probe = load_probe.learner_probe(model_cfg, int(ro.get("probe_tokens", 32)), atol=atol)
+    else:
+        args = rollout_server.server_args(model_cfg.to_hf(), **kwargs)
+    # vLLM starts in ~0.5-2 min on CPU (shared machine), minutes for a large model on GPUs.
+    start_timeout_s = 900.0 if ro.engine == "vllm" else 180.0
+    return EngineSpec(args, places, engine_python(config), probe, start_timeout_s)
