@@ -209,3 +209,46 @@ def to_float(tally: ExactSum):
 def stack_to_float(cells):
     """Values of a stacked leaf's cells [n, L + 1, ...] -> float32 [n, ...]."""
     return jax.vmap(leaf_to_float)(cells)
+
+
+def _aligned(cells, new_top):
+    """cells [L + 1, ...] with the window raised to new_top (absolute, per element)."""
+    top = cells[NUM_LIMBS] + EMPTY_TOP
+    limbs = _raise_window(cells[:NUM_LIMBS], top, new_top)
+    return jnp.concatenate([limbs, (new_top - EMPTY_TOP)[None]])
+
+
+def merge(a: ExactSum, b: ExactSum) -> tuple[ExactSum, jax.Array]:
+    """a + b exactly, as if one tally had taken both's adds; returns (sum, overflow).
+
+    Windows are raised to the larger top (dropping exactly the digits a later
+    add would have truncated), then the integer limbs add: the cells are
+    bitwise those of a single tally fed every input, in any order.
+    """
+
+    def one(x, y):
+        new_top = jnp.maximum(x[NUM_LIMBS], y[NUM_LIMBS]) + EMPTY_TOP
+        both = _aligned(x, new_top) + _aligned(y, new_top)
+        return both.at[NUM_LIMBS].set(new_top - EMPTY_TOP)
+
+    adds = a.adds + b.adds
+    return ExactSum(jax.tree.map(one, a.limbs, b.limbs), adds), jnp.any(adds > MAX_ADDS)
+
+
+def psum(tally: ExactSum, axis_name) -> tuple[ExactSum, jax.Array]:
+    """Exact sum of every replica's tally along `axis_name` (inside shard_map or pmap).
+
+    The data-parallel all-reduce of DESIGN §7 in deterministic mode: one pmax of
+    the windows, then one psum of the integer limbs; a P-replica run ends at the
+    bits of a one-replica run that took every replica's adds. Returns
+    (sum, overflow: the replicas' adds together pass MAX_ADDS).
+    """
+
+    def one(cells):
+        new_top = jax.lax.pmax(cells[NUM_LIMBS], axis_name) + EMPTY_TOP
+        aligned = _aligned(cells, new_top)
+        limbs = jax.lax.psum(aligned[:NUM_LIMBS], axis_name)
+        return jnp.concatenate([limbs, (new_top - EMPTY_TOP)[None]])
+
+    adds = jax.lax.psum(tally.adds, axis_name)
+    return ExactSum(jax.tree.map(one, tally.limbs), adds), jnp.any(adds > MAX_ADDS)
