@@ -27,7 +27,6 @@ callers record as an error instead of wrapping silently.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -50,15 +49,16 @@ class ExactSum(NamedTuple):
     reward buckets), L = NUM_LIMBS.
 
     Attributes:
-      limbs: int32 pytree like params, each leaf [*lead, L, *leaf.shape]; limb i
-        weighs 2^(LIMB_BITS·(top − L + 1 + i)).
-      top: int8 pytree like params, each leaf [*lead, *leaf.shape]: absolute
-        index of each element's highest limb (−10..9 covers float32).
+      limbs: int32 pytree like params, each leaf [*lead, L + 1, *leaf.shape].
+        Rows 0..L−1 are the limbs (row i weighs 2^(LIMB_BITS·(top − L + 1 + i)));
+        row L is `top` − EMPTY_TOP, each element's window (top: the absolute index
+        of its highest limb, −10..9 for float32), so an empty tally is all zeros.
+        One array per leaf: an add is one in-place read-modify-write of its slot
+        (a separate `top` array made XLA copy the whole stack on every add).
       adds: int32 [*lead], adds into each tally (the headroom guard).
     """
 
     limbs: Any
-    top: Any
     adds: jax.Array
 
 
@@ -67,10 +67,7 @@ def zeros(params, *lead: int) -> ExactSum:
     lead = tuple(lead)
     return ExactSum(
         limbs=jax.tree.map(
-            lambda p: jnp.zeros(lead + (NUM_LIMBS,) + tuple(jnp.shape(p)), jnp.int32), params
-        ),
-        top=jax.tree.map(
-            lambda p: jnp.full(lead + tuple(jnp.shape(p)), EMPTY_TOP, jnp.int8), params
+            lambda p: jnp.zeros((*lead, NUM_LIMBS + 1, *jnp.shape(p)), jnp.int32), params
         ),
         adds=jnp.asarray(np.zeros(lead, np.int32)),
     )
@@ -79,7 +76,7 @@ def zeros(params, *lead: int) -> ExactSum:
 def shapes_of(tally: ExactSum):
     """ShapeDtypeStructs of the params a single (lead ()) tally was made for."""
     return jax.tree.map(
-        lambda limbs: jax.ShapeDtypeStruct(limbs.shape[1:], jnp.float32), tally.limbs
+        lambda cells: jax.ShapeDtypeStruct(cells.shape[1:], jnp.float32), tally.limbs
     )
 
 
@@ -126,12 +123,33 @@ def _raise_window(limbs, top, new_top):
     return jnp.stack(moved)
 
 
-def add_leaf(limbs, top, x, ok):
-    """One leaf's (limbs [L, ...], top [...]) plus x (float32, same shape) when ok; exact."""
+def add_leaf(cell, x, ok):
+    """One leaf's cell [L + 1, ...] (limbs, then top) plus x (float32) when ok; exact."""
     x = jnp.where(ok, x.astype(jnp.float32), 0.0)
-    top = top.astype(jnp.int32)
+    limbs, top = cell[:NUM_LIMBS], cell[NUM_LIMBS] + EMPTY_TOP
     new_top = jnp.maximum(top, _element_top(x))  # x = 0 (not ok) never raises the window
-    return _raise_window(limbs, top, new_top) + _digits(x, new_top), new_top.astype(jnp.int8)
+    new_limbs = _raise_window(limbs, top, new_top) + _digits(x, new_top)
+    return jnp.concatenate([new_limbs, (new_top - EMPTY_TOP)[None]])
+
+
+def _get(array, index):
+    """array[index] for scalar (traced) indices, as a dynamic slice (XLA's scatter/gather
+    for `.at[i, j]` with traced i, j was several times slower on CPU)."""
+    if not index:
+        return array
+    rest = array.shape[len(index) :]
+    start = index + (jnp.int32(0),) * len(rest)
+    return jax.lax.dynamic_slice(array, start, (1,) * len(index) + rest).reshape(rest)
+
+
+def _set(array, index, value):
+    """array.at[index].set(value) as an in-place dynamic update slice."""
+    if not index:
+        return value.astype(array.dtype)
+    rest = array.shape[len(index) :]
+    start = index + (jnp.int32(0),) * len(rest)
+    update = value.astype(array.dtype).reshape((1,) * len(index) + rest)
+    return jax.lax.dynamic_update_slice(array, update, start)
 
 
 def add(tally: ExactSum, values, ok, index=(), fresh=False) -> tuple[ExactSum, jax.Array]:
@@ -148,26 +166,13 @@ def add(tally: ExactSum, values, ok, index=(), fresh=False) -> tuple[ExactSum, j
     overflow = ok & (adds_before >= MAX_ADDS)
     ok = ok & ~overflow
 
-    def one(limbs, top, x):
-        old_limbs = jnp.where(fresh, 0, limbs[index])
-        old_top = jnp.where(fresh, jnp.int8(EMPTY_TOP), top[index])
-        new_limbs, new_top = add_leaf(old_limbs, old_top, x, ok)
-        return limbs.at[index].set(new_limbs), top.at[index].set(new_top)
+    def one(cells, x):
+        old = jnp.where(fresh, 0, _get(cells, index))  # all zeros: an empty tally
+        return _set(cells, index, add_leaf(old, x, ok))
 
-    treedef = jax.tree.structure(tally.limbs)
-    pairs = [
-        one(*leaves)
-        for leaves in zip(
-            treedef.flatten_up_to(tally.limbs),
-            treedef.flatten_up_to(tally.top),
-            treedef.flatten_up_to(values),
-            strict=True,
-        )
-    ]
-    limbs = treedef.unflatten([p[0] for p in pairs])
-    top = treedef.unflatten([p[1] for p in pairs])
+    limbs = jax.tree.map(one, tally.limbs, values)
     adds = tally.adds.at[index].set(adds_before + jnp.where(ok, 1, 0))
-    return ExactSum(limbs, top, adds), overflow
+    return ExactSum(limbs, adds), overflow
 
 
 def _carry(limbs: list) -> list:
@@ -180,8 +185,9 @@ def _carry(limbs: list) -> list:
     return limbs
 
 
-def leaf_to_float(limbs, top):
-    """float32 value of one leaf's limbs [L, ...] with window tops [...]."""
+def leaf_to_float(cell):
+    """float32 value of one leaf's cell [L + 1, ...] (limbs, then top)."""
+    limbs, top = cell[:NUM_LIMBS], cell[NUM_LIMBS] + EMPTY_TOP
     normal = _carry([limbs[i] for i in range(NUM_LIMBS)])
     negative = normal[-1] < 0  # lower limbs are >= 0 now, so the top limb has the sign
     magnitude = _carry([jnp.where(negative, -d, d) for d in normal])
@@ -190,22 +196,59 @@ def leaf_to_float(limbs, top):
     for i in reversed(range(NUM_LIMBS)):
         weight = jnp.float32(2.0 ** (LIMB_BITS * (i - NUM_LIMBS + 1)))
         value = value + magnitude[i].astype(jnp.float32) * weight
-    value = jnp.ldexp(value, LIMB_BITS * top.astype(jnp.int32))
+    value = jnp.ldexp(value, LIMB_BITS * top)
     return jnp.where(negative, -value, value)
 
 
 @jax.jit
 def to_float(tally: ExactSum):
     """float32 pytree like params: the value of a single (lead ()) tally."""
-    return jax.tree.map(leaf_to_float, tally.limbs, tally.top)
+    return jax.tree.map(leaf_to_float, tally.limbs)
 
 
-def stack_to_float(limbs, top):
-    """Values of a stacked leaf limbs [n, L, ...] with tops [n, ...] -> float32 [n, ...]."""
-    return jax.vmap(leaf_to_float)(limbs, top)
+def stack_to_float(cells):
+    """Values of a stacked leaf's cells [n, L + 1, ...] -> float32 [n, ...]."""
+    return jax.vmap(leaf_to_float)(cells)
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def add_donated(tally: ExactSum, values, ok) -> tuple[ExactSum, jax.Array]:
-    """`add` into a single tally, compiled once per structure (eager callers)."""
-    return add(tally, values, ok)
+def _aligned(cells, new_top):
+    """cells [L + 1, ...] with the window raised to new_top (absolute, per element)."""
+    top = cells[NUM_LIMBS] + EMPTY_TOP
+    limbs = _raise_window(cells[:NUM_LIMBS], top, new_top)
+    return jnp.concatenate([limbs, (new_top - EMPTY_TOP)[None]])
+
+
+def merge(a: ExactSum, b: ExactSum) -> tuple[ExactSum, jax.Array]:
+    """a + b exactly, as if one tally had taken both's adds; returns (sum, overflow).
+
+    Windows are raised to the larger top (dropping exactly the digits a later
+    add would have truncated), then the integer limbs add: the cells are
+    bitwise those of a single tally fed every input, in any order.
+    """
+
+    def one(x, y):
+        new_top = jnp.maximum(x[NUM_LIMBS], y[NUM_LIMBS]) + EMPTY_TOP
+        both = _aligned(x, new_top) + _aligned(y, new_top)
+        return both.at[NUM_LIMBS].set(new_top - EMPTY_TOP)
+
+    adds = a.adds + b.adds
+    return ExactSum(jax.tree.map(one, a.limbs, b.limbs), adds), jnp.any(adds > MAX_ADDS)
+
+
+def psum(tally: ExactSum, axis_name) -> tuple[ExactSum, jax.Array]:
+    """Exact sum of every replica's tally along `axis_name` (inside shard_map or pmap).
+
+    The data-parallel all-reduce of DESIGN §7 in deterministic mode: one pmax of
+    the windows, then one psum of the integer limbs; a P-replica run ends at the
+    bits of a one-replica run that took every replica's adds. Returns
+    (sum, overflow: the replicas' adds together pass MAX_ADDS).
+    """
+
+    def one(cells):
+        new_top = jax.lax.pmax(cells[NUM_LIMBS], axis_name) + EMPTY_TOP
+        aligned = _aligned(cells, new_top)
+        limbs = jax.lax.psum(aligned[:NUM_LIMBS], axis_name)
+        return jnp.concatenate([limbs, (new_top - EMPTY_TOP)[None]])
+
+    adds = jax.lax.psum(tally.adds, axis_name)
+    return ExactSum(jax.tree.map(one, tally.limbs), adds), jnp.any(adds > MAX_ADDS)

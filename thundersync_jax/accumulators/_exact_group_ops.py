@@ -74,13 +74,13 @@ def _fold(total: _exact.ExactSum, buckets: _exact.ExactSum, slot, values, used, 
     order = jnp.argsort(jnp.where(in_use, values, jnp.inf))
     adv_sorted, used_sorted = adv[order], in_use[order]
 
-    def contribution(limbs, top):
-        sums = _exact.stack_to_float(limbs[slot], top[slot])[order]
+    def contribution(cells):
+        sums = _exact.stack_to_float(cells[slot])[order]
         # jnp.where, not a product with 0: an unused bucket must not bring NaN·0.
         return sum(jnp.where(used_sorted[j], adv_sorted[j] * sums[j], 0.0) for j in range(nb))
 
     def fold_now(total):
-        parts = jax.tree.map(contribution, buckets.limbs, buckets.top)
+        parts = jax.tree.map(contribution, buckets.limbs)
         finite = _errors.tree_all_finite(parts)
         total, overflow = _exact.add(total, parts, finite)
         return total, jnp.where(~finite | overflow, _errors.EXACT_OVERFLOW, 0).astype(jnp.int32)
