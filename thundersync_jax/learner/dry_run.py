@@ -86,7 +86,7 @@ class Compiled:
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
-    return model_state._with_shardings(jax.eval_shape(lambda t: t, tree), shardings)
+    return model_state.with_shardings(jax.eval_shape(lambda t: t, tree), shardings)
 
 
 def _chunk_shape(config: Any, mesh) -> tuple[int, int]:
@@ -103,7 +103,7 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     cfg = model_state.model_config(config)
     graphdef, abstract = model_state.abstract_model(config, cfg)
     param_sh = sharding.param_shardings(abstract, sharding.rules_from_config(config.mesh), mesh)
-    params = model_state._with_shardings(abstract, param_sh)
+    params = model_state.with_shardings(abstract, param_sh)
     if config.lora.enabled:
         c = config.lora
         trainable = jax.eval_shape(
@@ -131,12 +131,12 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     )
     grad_program = Compiled.of(
         f"score gradient [{rows} x {length}]",
-        score._jitted.lower(trainable, base, tokens, weights, weights),
+        score.lower(trainable, base, tokens, weights, weights),
     )
     optimizer = ts.make_optimizer(config.optim)
     abstract_state = jax.eval_shape(lambda t: ts.init_train_state(t, optimizer, 0), trainable)
     state_sh = ts.state_shardings(abstract_state, trainable_sh, mesh_lib.replicated(mesh))
-    state = model_state._with_shardings(abstract_state, state_sh)
+    state = model_state.with_shardings(abstract_state, state_sh)
     grads = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), trainable
     )
