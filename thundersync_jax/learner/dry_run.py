@@ -49,8 +49,12 @@ def use_fake_cpu_devices(count: int) -> None:
     """
     from jax._src import xla_bridge
 
+    given = os.environ.get("XLA_FLAGS", "").split()
+    # A larger fake-device count already asked for (e.g. 8) is kept; the mesh takes the first.
+    counts = [int(f.split("=")[1]) for f in given if f.startswith(_DEVICE_FLAG + "=")]
+    count = max([count, *counts])
     ours = (_DEVICE_FLAG, *(f.split("=")[0] for f in _COMPILE_ONLY_FLAGS))
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in ours]
+    flags = [f for f in given if f.split("=")[0] not in ours]
     wanted = " ".join([*flags, f"{_DEVICE_FLAG}={count}", *_COMPILE_ONLY_FLAGS])
     if xla_bridge.backends_are_initialized():
         if jax.default_backend() == "cpu" and len(jax.devices()) >= count:
@@ -150,8 +154,8 @@ def report(config: Any) -> tuple[str, bool]:
     start = time.perf_counter()
     programs, (rows, length) = compile_learner(config)
     lines = [
-        f"dry run: mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} on "
-        f"{int(config.mesh.fsdp) * int(config.mesh.tp)} fake CPU devices, "
+        f"dry run: mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} over the first "
+        f"{int(config.mesh.fsdp) * int(config.mesh.tp)} of {len(jax.devices())} fake CPU devices, "
         f"model.param_dtype={config.model.param_dtype}, dtype={config.model.dtype}, "
         f"remat={bool(config.model.remat)}, lora={bool(config.lora.enabled)}",
         "",
