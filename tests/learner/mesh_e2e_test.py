@@ -24,7 +24,8 @@ from configs import cpu
 from thundersync_jax.metrics import read_metrics
 from thundersync_jax.schedule import trainer
 
-pytestmark = pytest.mark.slow
+# Three trainer runs each; a loaded 2-core machine needs more than the default 900 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = [
