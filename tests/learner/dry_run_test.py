@@ -65,6 +65,7 @@ def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # ~2.5 CPU-min each; far more wall time on a loaded machine
 @pytest.mark.parametrize(
     "experiment, config",
     [

@@ -112,6 +112,10 @@ class ScoreGradFn:
         # Tallies are float32 whatever the param dtype (bf16 grads are upcast once, here).
         return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
 
+    def lower(self, params, base_params, tokens, loss_mask, token_weights):
+        """The jitted program lowered at these (possibly abstract) arguments (`--dry_run`)."""
+        return self._jitted.lower(params, base_params, tokens, loss_mask, token_weights)
+
     def __call__(
         self,
         params: Any,

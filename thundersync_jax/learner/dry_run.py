@@ -49,8 +49,12 @@ def use_fake_cpu_devices(count: int) -> None:
     """
     from jax._src import xla_bridge
 
+    given = os.environ.get("XLA_FLAGS", "").split()
+    # A larger fake-device count already asked for (e.g. 8) is kept; the mesh takes the first.
+    counts = [int(f.split("=")[1]) for f in given if f.startswith(_DEVICE_FLAG + "=")]
+    count = max([count, *counts])
     ours = (_DEVICE_FLAG, *(f.split("=")[0] for f in _COMPILE_ONLY_FLAGS))
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f.split("=")[0] not in ours]
+    flags = [f for f in given if f.split("=")[0] not in ours]
     wanted = " ".join([*flags, f"{_DEVICE_FLAG}={count}", *_COMPILE_ONLY_FLAGS])
     if xla_bridge.backends_are_initialized():
         if jax.default_backend() == "cpu" and len(jax.devices()) >= count:
@@ -86,7 +90,7 @@ class Compiled:
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
-    return model_state._with_shardings(jax.eval_shape(lambda t: t, tree), shardings)
+    return model_state.with_shardings(jax.eval_shape(lambda t: t, tree), shardings)
 
 
 def _chunk_shape(config: Any, mesh) -> tuple[int, int]:
@@ -103,7 +107,7 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     cfg = model_state.model_config(config)
     graphdef, abstract = model_state.abstract_model(config, cfg)
     param_sh = sharding.param_shardings(abstract, sharding.rules_from_config(config.mesh), mesh)
-    params = model_state._with_shardings(abstract, param_sh)
+    params = model_state.with_shardings(abstract, param_sh)
     if config.lora.enabled:
         c = config.lora
         trainable = jax.eval_shape(
@@ -131,12 +135,12 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     )
     grad_program = Compiled.of(
         f"score gradient [{rows} x {length}]",
-        score._jitted.lower(trainable, base, tokens, weights, weights),
+        score.lower(trainable, base, tokens, weights, weights),
     )
     optimizer = ts.make_optimizer(config.optim)
     abstract_state = jax.eval_shape(lambda t: ts.init_train_state(t, optimizer, 0), trainable)
     state_sh = ts.state_shardings(abstract_state, trainable_sh, mesh_lib.replicated(mesh))
-    state = model_state._with_shardings(abstract_state, state_sh)
+    state = model_state.with_shardings(abstract_state, state_sh)
     grads = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, jnp.float32, sharding=a.sharding), trainable
     )
@@ -150,8 +154,8 @@ def report(config: Any) -> tuple[str, bool]:
     start = time.perf_counter()
     programs, (rows, length) = compile_learner(config)
     lines = [
-        f"dry run: mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} on "
-        f"{int(config.mesh.fsdp) * int(config.mesh.tp)} fake CPU devices, "
+        f"dry run: mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} over the first "
+        f"{int(config.mesh.fsdp) * int(config.mesh.tp)} of {len(jax.devices())} fake CPU devices, "
         f"model.param_dtype={config.model.param_dtype}, dtype={config.model.dtype}, "
         f"remat={bool(config.model.remat)}, lora={bool(config.lora.enabled)}",
         "",

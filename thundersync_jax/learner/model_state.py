@@ -151,7 +151,7 @@ def build_learner_model(
     state_sh = ts.state_shardings(abstract_state, trainable_sh, replicated)
     state, resumed = None, False
     if checkpointer is not None and checkpointer.latest_step() is not None:
-        state = checkpointer.restore_latest(_with_shardings(abstract_state, state_sh))
+        state = checkpointer.restore_latest(with_shardings(abstract_state, state_sh))
         resumed = state is not None
     if state is None:
         state = ts.init_sharded_train_state(trainable, optimizer, int(config.seed), state_sh)
@@ -170,7 +170,7 @@ def build_learner_model(
     )
 
 
-def _with_shardings(abstract: Any, shardings: Any) -> Any:
+def with_shardings(abstract: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs that carry their target sharding (what Orbax restores into)."""
     # `shardings` is a pytree prefix of `abstract` (one sharding may stand for a subtree).
     full = jax.tree.map(
