@@ -7,6 +7,9 @@ with identical per-step rewards; async reports a policy lag of 1 (every trajecto
 by one policy); a run killed with SIGKILL resumes to the same parameters as an uninterrupted
 one. OPD on `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and
 reverse_kl), including async; GRPO runs on the terminal task family too.
+
+TSJ_TEST_SFT_CACHE=DIR shares the GRPO warm start across test sessions (the SFT cache is
+keyed by config and data, so a hit is the same model).
 """
 
 import os
@@ -41,7 +44,7 @@ def _grpo_config(schedule, steps, base):
     c.seed = 42
     c.rl.entropy_coef = 0.0
     c.rl.kl_coef = 0.0
-    c.sft.cache_dir = str(base / "sft")
+    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
     c.metrics.tensorboard = False
@@ -119,7 +122,7 @@ def test_sigkill_and_resume_ends_at_same_parameters(grpo_runs):
         "--config.schedule=sync",
         f"--config.num_steps={STEPS}",
         "--config.seed=42",
-        f"--config.sft.cache_dir={base / 'sft'}",
+        f"--config.sft.cache_dir={os.environ.get('TSJ_TEST_SFT_CACHE') or base / 'sft'}",
         f"--config.rollout.snapshot_root={base / 'shm'}",
         "--config.checkpoint.every=1",
         "--config.metrics.timeline_every=0",
