@@ -8,7 +8,7 @@ by one policy); a run killed with SIGKILL resumes to the same parameters as an u
 one. OPD on `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and
 reverse_kl), including async; GRPO runs on the terminal task family too.
 
-TSJ_TEST_SFT_CACHE=DIR shares the GRPO warm start across test sessions (the SFT cache is
+TSJ_TEST_SFT_CACHE=DIR shares the warm starts (and OPD's teacher) across test sessions (the SFT cache is
 keyed by config and data, so a hit is the same model).
 """
 
@@ -26,7 +26,9 @@ from configs import cpu, terminal_opd_cpu
 from thundersync_jax import train
 from thundersync_jax.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
+# Each module-scoped fixture runs five training runs with engine processes: minutes on 2
+# idle cores, far more on a shared box, so past the suite's per-test default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,7 +182,7 @@ def _opd_config(schedule, steps, base):
     c = terminal_opd_cpu.get_config("smoke")
     c.schedule = schedule
     c.num_steps = steps
-    c.sft.cache_dir = str(base / "sft")
+    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
     return c
