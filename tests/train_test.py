@@ -8,8 +8,8 @@ by one policy); a run killed with SIGKILL resumes to the same parameters as an u
 one. OPD on `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and
 reverse_kl), including async; GRPO runs on the terminal task family too.
 
-TSJ_TEST_SFT_CACHE=DIR shares the warm starts (and OPD's teacher) across test sessions (the SFT cache is
-keyed by config and data, so a hit is the same model).
+TSJ_TEST_SFT_CACHE=DIR shares the warm starts (and OPD's teacher) across test sessions
+(the SFT cache is keyed by config and data, so a hit is the same model).
 """
 
 import os
