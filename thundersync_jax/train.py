@@ -142,8 +142,12 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
     components.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         path = export_final(built.graphdef, built.policy.full_params(state.params), workdir)
-        log.info("nothing to train (step %d of %d); final policy at %s", first_step,
-                 config.num_steps, path)  # fmt: skip
+        log.info(
+            "nothing to train (step %d of %d); final policy at %s",
+            first_step,
+            config.num_steps,
+            path,
+        )
         ckpt.close()
         return {}
 
