@@ -7,6 +7,9 @@ with identical per-step rewards; async reports a policy lag of 1 (every trajecto
 by one policy); a run killed with SIGKILL resumes to the same parameters as an uninterrupted
 one. OPD on `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and
 reverse_kl), including async; GRPO runs on the terminal task family too.
+
+TSJ_TEST_SFT_CACHE=DIR shares the warm starts (and OPD's teacher) across test sessions
+(the SFT cache is keyed by config and data, so a hit is the same model).
 """
 
 import os
@@ -23,7 +26,9 @@ from configs import cpu, terminal_opd_cpu
 from thundersync_jax import train
 from thundersync_jax.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
+# Each module-scoped fixture runs five training runs with engine processes: minutes on 2
+# idle cores, far more on a shared box, so past the suite's per-test default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +46,7 @@ def _grpo_config(schedule, steps, base):
     c.seed = 42
     c.rl.entropy_coef = 0.0
     c.rl.kl_coef = 0.0
-    c.sft.cache_dir = str(base / "sft")
+    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
     c.metrics.tensorboard = False
@@ -119,7 +124,7 @@ def test_sigkill_and_resume_ends_at_same_parameters(grpo_runs):
         "--config.schedule=sync",
         f"--config.num_steps={STEPS}",
         "--config.seed=42",
-        f"--config.sft.cache_dir={base / 'sft'}",
+        f"--config.sft.cache_dir={os.environ.get('TSJ_TEST_SFT_CACHE') or base / 'sft'}",
         f"--config.rollout.snapshot_root={base / 'shm'}",
         "--config.checkpoint.every=1",
         "--config.metrics.timeline_every=0",
@@ -177,7 +182,7 @@ def _opd_config(schedule, steps, base):
     c = terminal_opd_cpu.get_config("smoke")
     c.schedule = schedule
     c.num_steps = steps
-    c.sft.cache_dir = str(base / "sft")
+    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
     return c

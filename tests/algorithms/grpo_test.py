@@ -133,3 +133,12 @@ def test_lost_member_closes_its_group_short(setup):
     state = learner.close_groups(state, stats.failed_groups)
     err = accumulators.reference.relative_error(learner.finalize(state), want)
     assert err < 1e-5, err
+
+
+def test_a_trajectory_that_mixes_policy_versions_is_refused_in_every_schedule(setup):
+    params, score_fn, trajs = setup
+    learner = grpo.batch_learner(accumulators.grpo(num_groups=K, group_size=G), score_fn, 0)
+    tr = dataclasses.replace(trajs[(0, 0)], policy_versions=(2, 3))
+    item = WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)
+    with pytest.raises(StalePolicyError, match=r"mixes policy versions \[2, 3\]"):
+        learner.process(learner.init(params, 3, enforce_version=False), [item])

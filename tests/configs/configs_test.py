@@ -94,3 +94,12 @@ def test_unknown_task_family_names_the_valid_ones():
     c.env.family = "swe_bench"
     with pytest.raises(ConfigError, match="choose one of: mini_swe, swe_jsonl, terminal"):
         train.check(c)
+
+
+@pytest.mark.parametrize("name, family", [("cpu", "terminal"), ("terminal_opd_cpu", "mini_swe")])
+def test_every_algorithm_takes_every_task_family(name, family):
+    from thundersync_jax import train
+
+    c = importlib.import_module(f"configs.{name}").get_config("smoke")
+    c.env.family = family
+    assert train.check(c)[2].name == family

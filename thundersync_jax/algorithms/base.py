@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from thundersync_jax.rollout.staleness import check_version
+from thundersync_jax.rollout.staleness import StalePolicyError, check_version
 
 
 class BatchPolicy(NamedTuple):
@@ -88,8 +88,17 @@ def verifier_failure(traj) -> str | None:
 
 
 def item_lag(policy: BatchPolicy, versions: Iterable[int], what: str) -> int:
-    """Learner version − the oldest sampling version; refuses any lag if versions are enforced."""
+    """Learner version − the sampling version; refuses any lag if versions are enforced.
+
+    Every schedule samples an item with one policy (async finishes the next batch's episodes
+    before a weight swap), so an item that mixes versions is an error in any schedule.
+    """
     versions = [int(v) for v in versions]
+    if len(set(versions)) > 1:
+        raise StalePolicyError(
+            f"{what} mixes policy versions {sorted(set(versions))}: a weight load happened "
+            "in the middle of its episode"
+        )
     if policy.enforce_version:
         for v in versions:
             check_version(v, policy.version, what=what)
