@@ -151,8 +151,8 @@ def grpo(
         one exact tally per (group, distinct reward) (`batch`: per distinct reward
         of the batch), so up to max_buckets distinct rewards per group (more is a
         clear error); memory is (1 + M·max_buckets)·5 int32 param-sized arrays
-        (4 limbs and a window per element, see `_exact`). Accuracy ≤ ~1e-7 relative to float64; running out
-        of headroom (over `_exact.MAX_ADDS` adds into one tally) or float32
+        (4 limbs and a window per element, see `_exact`). Accuracy ≤ ~1e-7 relative to
+        float64; running out of headroom (over `_exact.MAX_ADDS` adds into one tally) or float32
         range is recorded as an error, never wrapped silently.
 
     Errors: eager calls raise ValueError naming the bad value (non-finite reward
