@@ -74,7 +74,7 @@ def main(argv):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if _OUT.value:
         with open(_OUT.value, "w") as f:
-            json.dump(result, f, indent=2, default=str)
+            json.dump(result, f, indent=2, default=lambda t: t._asdict())
     if _PLOT.value:
         segment_bench.plot(result, _PLOT.value)
 

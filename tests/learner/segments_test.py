@@ -137,7 +137,8 @@ def test_streamed_turns_equal_the_one_shot_gradient(parts, adapters, num_turns, 
     assert jax.tree.structure(h) == jax.tree.structure(h_ref)
     assert _relative_error(h, h_ref) <= 1e-5
     # Each segment forwarded once by the direct pass and once by the sweep, bucketed shapes.
-    assert fns.compiles <= 3 * len(SEG_BUCKETS) * len(CACHE_BUCKETS)
+    # (program, segment bucket, attended-past bucket or 0, cache capacity): bounded.
+    assert fns.compiles <= 3 * len(SEG_BUCKETS) * (len(CACHE_BUCKETS) + 1) * len(CACHE_BUCKETS)
 
 
 def test_failed_episode_closed_early_equals_the_one_shot_of_what_it_got(parts):
@@ -189,6 +190,8 @@ def test_grpo_token_weights_and_cache_growth(parts):
         if res.grad is not None:
             total = res.grad if total is None else jax.tree.map(np.add, total, res.grad)
     assert traj.capacity == 256
+    # k, v, dk, dv: four float32 [L, 1, S, K, H] arrays.
+    assert traj.nbytes == 4 * 4 * CFG.num_hidden_layers * 256 * CFG.num_key_value_heads * 10
     deferred, _ = fns.close(params, traj)
     total = jax.tree.map(np.add, total, deferred)
     h_ref, _ = chunks.make_score_grad_fn(graphdef, (128,))(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -36,16 +36,36 @@ def _block(tree: Any) -> None:
     jax.block_until_ready([x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)])
 
 
-def median_seconds(call: Callable[[], Any], repeats: int, warmup: int) -> float:
-    """Median wall seconds of `call()` (its result blocked on) after `warmup` calls."""
+class Timing(NamedTuple):
+    """Median seconds of a measured call.
+
+    Attributes:
+      wall: wall-clock seconds.
+      cpu: process CPU seconds (all threads): on a shared machine, the work this process did,
+        less disturbed by other processes than wall time.
+    """
+
+    wall: float
+    cpu: float
+
+    def __add__(self, other):  # sums of timings (the full-prefix total)
+        return Timing(self.wall + other[0], self.cpu + other[1])
+
+    def ratio(self, other: Timing) -> Timing:
+        return Timing(self.wall / other.wall, self.cpu / other.cpu)
+
+
+def median_seconds(call: Callable[[], Any], repeats: int, warmup: int) -> Timing:
+    """Median wall and CPU seconds of `call()` (its result blocked on) after `warmup` calls."""
     for _ in range(warmup):
         _block(call())
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         _block(call())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return Timing(statistics.median(wall), statistics.median(cpu))
 
 
 def build(model_config: dict[str, Any], seed: int = 0) -> tuple[Any, Any, qwen3.Qwen3Config]:
@@ -112,6 +132,10 @@ def opd_costs(
         return score(params, tokens[None, :length], mask[None, :length], adv[None])[0]
 
     full_mask = _turn_mask(total_tokens, _turns(tokens, max(turn_counts)))
+    weights = np.where(full_mask > 0, teacher, 0)[None].astype(np.float32)
+    grad_only = median_seconds(
+        lambda: score(params, tokens[None], full_mask[None], weights)[0], repeats, warmup
+    )
     one_shot = median_seconds(lambda: opd_one_shot(total_tokens, full_mask), repeats, warmup)
     bucket_cost = {
         b: median_seconds(lambda b=b: opd_one_shot(b, full_mask), repeats, warmup)
@@ -119,7 +143,8 @@ def opd_costs(
     }
     seg_lengths = sorted({b - a for n in turn_counts for a, b in _turns(tokens, n)})
     seg_buckets = sorted({max(x, 2) for x in seg_lengths} | {max(x - 1, 2) for x in seg_lengths})
-    fns = segments.make_segment_fns(graphdef, cfg, seg_buckets, (total_tokens,))
+    cache_buckets = [c for c in (64, 128, 256, 512, 1024, 2048, 4096) if c < total_tokens]
+    fns = segments.make_segment_fns(graphdef, cfg, seg_buckets, (*cache_buckets, total_tokens))
     rows = []
     for n in turn_counts:
         turns = _turns(tokens, n)
@@ -133,20 +158,29 @@ def opd_costs(
             _opd_segments(fns, params, tokens, mask, teacher, turns, tail_only=True)
             for _ in range(repeats)
         ]
-        prefix = sum(bucket_cost[min(x for x in prefix_buckets if x >= b)] for _, b in turns)
+        prefix = Timing(0.0, 0.0)
+        for _, b in turns:
+            prefix = prefix + bucket_cost[min(x for x in prefix_buckets if x >= b)]
         rows.append(
             dict(
                 turns=n,
-                segments_s=seg,
-                segments_x=seg / one_shot,
-                full_prefix_s=prefix,
-                full_prefix_x=prefix / one_shot,
+                segments=seg,
+                segments_x=seg.ratio(one_shot),
+                segments_x_grad_only=seg.ratio(grad_only),
+                full_prefix=prefix,
+                full_prefix_x=prefix.ratio(one_shot),
                 ideal_full_prefix_x=(n + 1) / 2,
                 tail_turn_s=statistics.median(tails),
-                tail_trajectory_s=one_shot,
+                tail_trajectory_s=one_shot.wall,
             )
         )
-    return dict(one_shot_s=one_shot, bucket_cost_s=bucket_cost, rows=rows, compiles=fns.compiles)
+    return dict(
+        one_shot=one_shot,
+        grad_only=grad_only,
+        bucket_cost={str(k): v for k, v in bucket_cost.items()},
+        rows=rows,
+        compiles=fns.compiles,
+    )
 
 
 def _per_member_prompts(fns, score, params, prompt, completions, rewards):
@@ -196,7 +230,8 @@ def grpo_prompt_costs(
         | {max(x - 1, 2) for x in lengths}
         | {max(member_tokens - x, 2) for x in lengths}
     )
-    fns = segments.make_segment_fns(graphdef, cfg, buckets, (member_tokens,))
+    cache_buckets = [c for c in (64, 128, 256, 512, 1024, 2048) if c < member_tokens]
+    fns = segments.make_segment_fns(graphdef, cfg, buckets, (*cache_buckets, member_tokens))
     rows = []
     for share in shares:
         p = int(round(share * member_tokens))
@@ -210,9 +245,9 @@ def grpo_prompt_costs(
         rows.append(
             dict(
                 prompt_share=share,
-                per_member_s=base,
-                shared_s=ours,
-                saving=1 - ours / base,
+                per_member=base,
+                shared=ours,
+                saving=Timing(1 - ours.wall / base.wall, 1 - ours.cpu / base.cpu),
                 ideal_saving=share * (group_size - 1) / group_size,
             )
         )
@@ -220,39 +255,45 @@ def grpo_prompt_costs(
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The benchmark's tables."""
+    """The benchmark's tables (ratios as CPU-time / wall-time)."""
     opd = result["opd"]
+    one, grad = opd["one_shot"], opd["grad_only"]
     lines = [
-        f"One-shot OPD gradient ({result['total_tokens']} tokens): {opd['one_shot_s']:.3f} s",
+        f"One-shot OPD gradient ({result['total_tokens']} tokens; student log-prob forward + "
+        f"score gradient): {one.cpu:.2f} s CPU, {one.wall:.2f} s wall; score gradient alone: "
+        f"{grad.cpu:.2f} s CPU, {grad.wall:.2f} s wall. Ratios: CPU time (wall time).",
         "",
-        "| turns | segments (s) | segments / one-shot | full prefix (s) | full prefix / one-shot"
-        " | (n+1)/2 | tail `turn` (s) | tail `trajectory` (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| turns | segments / one-shot OPD | segments / score gradient alone "
+        "| full prefix / one-shot OPD | (n+1)/2 | tail `turn` (s) | tail `trajectory` (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in opd["rows"]:
+        seg, alone, pre = r["segments_x"], r["segments_x_grad_only"], r["full_prefix_x"]
         lines.append(
-            f"| {r['turns']} | {r['segments_s']:.3f} | {r['segments_x']:.2f}x | "
-            f"{r['full_prefix_s']:.3f} | {r['full_prefix_x']:.2f}x | {r['ideal_full_prefix_x']:.1f}"
-            f" | {r['tail_turn_s']:.3f} | {r['tail_trajectory_s']:.3f} |"
+            f"| {r['turns']} | {seg.cpu:.2f}x ({seg.wall:.2f}x) | {alone.cpu:.2f}x "
+            f"({alone.wall:.2f}x) | {pre.cpu:.2f}x ({pre.wall:.2f}x) | "
+            f"{r['ideal_full_prefix_x']:.1f} | {r['tail_turn_s']:.2f} | "
+            f"{r['tail_trajectory_s']:.2f} |"
         )
     lines += [
         "",
-        f"GRPO, group of {result['group_size']} members of {result['member_tokens']} tokens:",
+        f"GRPO, group of {result['group_size']} members of {result['member_tokens']} tokens "
+        "(CPU s; wall s in parentheses):",
         "",
-        "| prompt share | per-member prompts (s) | shared prompt (s) | saving "
-        "| ideal (p·(G−1)/G) |",
+        "| prompt share | per-member prompts | shared prompt | saving | ideal p·(G−1)/G |",
         "|---|---|---|---|---|",
     ]
     for r in result["grpo"]:
+        base, ours, save = r["per_member"], r["shared"], r["saving"]
         lines.append(
-            f"| {r['prompt_share']:.0%} | {r['per_member_s']:.3f} | {r['shared_s']:.3f} | "
-            f"{r['saving']:.1%} | {r['ideal_saving']:.1%} |"
+            f"| {r['prompt_share']:.0%} | {base.cpu:.2f} ({base.wall:.2f}) | {ours.cpu:.2f} "
+            f"({ours.wall:.2f}) | {save.cpu:.1%} ({save.wall:.1%}) | {r['ideal_saving']:.1%} |"
         )
     return "\n".join(lines)
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """Two panels: OPD cost vs turns, GRPO saving vs prompt share."""
+    """Two panels: OPD cost vs turns, GRPO saving vs prompt share (CPU-time ratios)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -261,16 +302,19 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     rows = result["opd"]["rows"]
     turns = [r["turns"] for r in rows]
-    left.plot(turns, [r["segments_x"] for r in rows], "o-", label="segments (measured)")
-    left.plot(turns, [r["full_prefix_x"] for r in rows], "s-", label="full prefix (measured)")
+    left.plot(turns, [r["segments_x"].cpu for r in rows], "o-", label="segments / one-shot OPD")
+    left.plot(
+        turns, [r["segments_x_grad_only"].cpu for r in rows], "^-", label="segments / score grad"
+    )
+    left.plot(turns, [r["full_prefix_x"].cpu for r in rows], "s-", label="full prefix (today)")
     left.plot(turns, [r["ideal_full_prefix_x"] for r in rows], ":", label="(n+1)/2")
     left.axhline(2.0, color="gray", lw=0.8, ls="--", label="target 2x")
     left.set(xscale="log", yscale="log", xlabel="turns per trajectory (same total tokens)")
-    left.set(ylabel="learner work / one-shot gradient", title="OPD per turn")
+    left.set(ylabel="learner CPU time / one-shot", title="OPD per turn")
     left.legend(fontsize=8)
     grpo = result["grpo"]
     shares = [100 * r["prompt_share"] for r in grpo]
-    right.plot(shares, [100 * r["saving"] for r in grpo], "o-", label="measured")
+    right.plot(shares, [100 * r["saving"].cpu for r in grpo], "o-", label="measured (CPU time)")
     right.plot(shares, [100 * r["ideal_saving"] for r in grpo], ":", label="p·(G−1)/G")
     right.set(xlabel="prompt share of tokens (%)", ylabel="learner time saved (%)")
     right.set(title=f"GRPO shared prompt, G={result['group_size']}")

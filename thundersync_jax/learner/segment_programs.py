@@ -59,10 +59,19 @@ class Programs:
         self.temperature = temperature
         self.compiles = 0
         self._lock = threading.Lock()
-        self._forward = jax.jit(self._forward_fn, donate_argnums=(2, 3))
-        self._direct = jax.jit(self._direct_fn, static_argnames=("distill",), donate_argnums=(2,))
+        # `past_slots` (static): how many leading cache slots a segment attends to, a cache
+        # bucket >= its start (0 for a trajectory's first segment), so attention and its
+        # backward cost what the valid past costs, not the whole capacity.
+        self._forward = jax.jit(
+            self._forward_fn, static_argnames=("past_slots",), donate_argnums=(2, 3)
+        )
+        self._direct = jax.jit(
+            self._direct_fn, static_argnames=("distill", "past_slots"), donate_argnums=(2,)
+        )
         # The sweep reads k, v (every step of a sweep uses them) and donates dk, dv, total.
-        self._sweep = jax.jit(self._sweep_fn, donate_argnums=(4, 5, 6))
+        self._sweep = jax.jit(
+            self._sweep_fn, static_argnames=("past_slots",), donate_argnums=(4, 5, 6)
+        )
 
     def _count(self) -> None:  # runs once per trace
         with self._lock:
@@ -87,18 +96,19 @@ class Programs:
 
     # ---- forward only (prompt / unscored observation) -------------------------------------
 
-    def _forward_fn(self, params, base_params, k, v, seg):
+    def _forward_fn(self, params, base_params, k, v, seg, *, past_slots):
         self._count()
-        _, out = self._segment(params, base_params, k, v, seg)
+        past_k, past_v = k[:, :, :past_slots], v[:, :, :past_slots]
+        _, out = self._segment(params, base_params, past_k, past_v, seg)
         return _write(k, out.k, seg.start, seg.real), _write(v, out.v, seg.start, seg.real)
 
-    def forward(self, params, base_params, k, v, seg):
+    def forward(self, params, base_params, k, v, seg, *, past_slots):
         """(k, v) with the segment's keys/values written at its slots."""
-        return self._forward(params, base_params, k, v, seg)
+        return self._forward(params, base_params, k, v, seg, past_slots=past_slots)
 
     # ---- direct gradient ------------------------------------------------------------------
 
-    def _direct_fn(self, params, base_params, caches, seg, loss_mask, side, *, distill):
+    def _direct_fn(self, params, base_params, caches, seg, loss_mask, side, *, distill, past_slots):
         self._count()
         k, v, dk, dv = caches
 
@@ -112,7 +122,8 @@ class Programs:
                 weights = side * loss_mask
             return jnp.sum(logp * weights), (logp, weights, out.k, out.v)
 
-        grads, aux = jax.grad(objective, argnums=(0, 1, 2), has_aux=True)(params, k, v)
+        past = (k[:, :, :past_slots], v[:, :, :past_slots])
+        grads, aux = jax.grad(objective, argnums=(0, 1, 2), has_aux=True)(params, *past)
         g_params, g_k, g_v = grads
         logp, weights, new_k, new_v = aux
         g_params = jax.tree.map(lambda g: g.astype(jnp.float32), g_params)
@@ -120,33 +131,45 @@ class Programs:
             g_params,
             _write(k, new_k, seg.start, seg.real),
             _write(v, new_v, seg.start, seg.real),
-            dk + g_k.astype(jnp.float32),
-            dv + g_v.astype(jnp.float32),
+            dk.at[:, :, :past_slots].add(g_k.astype(jnp.float32)),
+            dv.at[:, :, :past_slots].add(g_v.astype(jnp.float32)),
             logp,
             weights,
         )
 
-    def direct(self, params, base_params, caches, seg, loss_mask, side, *, distill):
+    def direct(self, params, base_params, caches, seg, loss_mask, side, *, distill, past_slots):
         """(grad, k, v, dk, dv, logp [T], weights [T]) for one scored segment."""
-        return self._direct(params, base_params, caches, seg, loss_mask, side, distill=distill)
+        return self._direct(
+            params,
+            base_params,
+            caches,
+            seg,
+            loss_mask,
+            side,
+            distill=distill,
+            past_slots=past_slots,
+        )
 
     # ---- one reverse-sweep step -----------------------------------------------------------
 
-    def _sweep_fn(self, params, base_params, k, v, dk, dv, total, seg):
+    def _sweep_fn(self, params, base_params, k, v, dk, dv, total, seg, *, past_slots):
         self._count()
 
         def keys_values(trainable, past_k, past_v):
             _, out = self._segment(trainable, base_params, past_k, past_v, seg)
             return out.k, out.v  # the hidden states are unused: XLA drops the top of the net
 
-        (new_k, new_v), vjp = jax.vjp(keys_values, params, k, v)
+        past = (k[:, :, :past_slots], v[:, :, :past_slots])
+        (new_k, new_v), vjp = jax.vjp(keys_values, params, *past)
         ct_k = _read(dk, seg.start, seg.real).astype(new_k.dtype)
         ct_v = _read(dv, seg.start, seg.real).astype(new_v.dtype)
         g_params, g_k, g_v = vjp((ct_k, ct_v))
         total = jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, g_params)
-        return total, dk + g_k.astype(jnp.float32), dv + g_v.astype(jnp.float32)
+        dk = dk.at[:, :, :past_slots].add(g_k.astype(jnp.float32))
+        dv = dv.at[:, :, :past_slots].add(g_v.astype(jnp.float32))
+        return total, dk, dv
 
-    def sweep(self, params, base_params, caches, total, seg):
+    def sweep(self, params, base_params, caches, total, seg, *, past_slots):
         """(total + this segment's deferred gradient, dk, dv with its earlier cotangents)."""
         k, v, dk, dv = caches
-        return self._sweep(params, base_params, k, v, dk, dv, total, seg)
+        return self._sweep(params, base_params, k, v, dk, dv, total, seg, past_slots=past_slots)

@@ -77,6 +77,11 @@ class Trajectory(NamedTuple):
         """Cache slots (S)."""
         return int(self.k.shape[2])
 
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the kept cache and cotangent buffers (for `accum_bytes_peak`)."""
+        return sum(int(x.size) * x.dtype.itemsize for x in (self.k, self.v, self.dk, self.dv))
+
 
 class SegmentResult(NamedTuple):
     """What scoring one segment gives back.
@@ -178,6 +183,21 @@ class SegmentFns:
             dv=jnp.pad(traj.dv, pad),
         )
 
+    def _past_slots(self, start: int) -> int:
+        """Leading cache slots a segment starting at `start` attends to (a cache bucket)."""
+        return 0 if start == 0 else buckets.bucket_length(start, self.cache_buckets)
+
+    def _padded(self, start: int, inputs: np.ndarray, targets: np.ndarray):
+        """A segment padded to its length bucket (padding is never attended to or scored)."""
+        t_pad = buckets.bucket_length(max(len(inputs), 2), self.seg_buckets)
+        pad = (0, t_pad - len(inputs))
+        return segment_programs.SegmentInputs(
+            start=jnp.int32(start),
+            inputs=np.pad(inputs, pad, constant_values=self.pad_id),
+            targets=np.pad(targets, pad, constant_values=self.pad_id),
+            real=np.pad(np.ones(len(inputs), bool), pad),
+        )
+
     # ---- passes ---------------------------------------------------------------------------
 
     def score(
@@ -212,17 +232,8 @@ class SegmentFns:
         """
         if self.lora and base_params is None:
             raise ValueError("a LoRA segment pass needs base_params (the frozen model)")
-        if teacher_logprobs is not None and token_weights is not None:
-            raise ValueError("pass teacher_logprobs (OPD) or token_weights (GRPO), not both")
-        new = np.asarray(new_tokens, np.int32).reshape(-1)
+        new, mask, side = _checked(new_tokens, loss_mask, teacher_logprobs, token_weights)
         n = len(new)
-        mask = np.zeros(n, np.float32) if loss_mask is None else np.asarray(loss_mask, np.float32)
-        if mask.shape != (n,) or not np.all((mask == 0) | (mask == 1)):
-            raise ValueError(f"loss_mask must be {n} values of 0/1, got shape {mask.shape}")
-        side = teacher_logprobs if teacher_logprobs is not None else token_weights
-        side = np.ones(n, np.float32) if side is None else np.asarray(side, np.float32)
-        if side.shape != (n,):
-            raise ValueError(f"teacher_logprobs/token_weights need {n} values, got {side.shape}")
         if traj.pending < 0:  # the trajectory's first token: nothing before it to score it
             if n and mask[0]:
                 raise ValueError("the first token of a trajectory has no context to score it")
@@ -236,16 +247,12 @@ class SegmentFns:
         if not len(inputs):
             return traj._replace(pending=pending), SegmentResult(None, 0, logp_out, weights_out)
         traj = self._grown(traj, traj.length + len(inputs))
-        t_pad = buckets.bucket_length(max(len(inputs), 2), self.seg_buckets)
-        pad = (0, t_pad - len(inputs))
-        seg = segment_programs.SegmentInputs(
-            start=jnp.int32(traj.length),
-            inputs=np.pad(inputs, pad, constant_values=self.pad_id),
-            targets=np.pad(targets, pad, constant_values=self.pad_id),
-            real=np.pad(np.ones(len(inputs), bool), pad),
-        )
+        seg = self._padded(traj.length, inputs, targets)
+        pad = (0, len(seg.inputs) - len(inputs))
         if not mask.any():
-            k, v = self.programs.forward(params, base_params, traj.k, traj.v, seg)
+            k, v = self.programs.forward(
+                params, base_params, traj.k, traj.v, seg, past_slots=self._past_slots(traj.length)
+            )
             grad, dk, dv = None, traj.dk, traj.dv
         else:
             distill = teacher_logprobs is not None
@@ -257,6 +264,7 @@ class SegmentFns:
                 np.pad(mask, pad),
                 np.pad(side, pad),
                 distill=distill,
+                past_slots=self._past_slots(traj.length),
             )
             logp_out[offset:] = np.asarray(logp)[: len(inputs)]
             weights_out[offset:] = np.asarray(w)[: len(inputs)]
@@ -292,18 +300,32 @@ class SegmentFns:
         total = _tree_zeros(params) if sweep else None
         dk, dv = traj.dk, traj.dv
         for segment in reversed(sweep):
-            t_pad = buckets.bucket_length(max(len(segment.inputs), 2), self.seg_buckets)
-            pad = (0, t_pad - len(segment.inputs))
-            seg = segment_programs.SegmentInputs(
-                start=jnp.int32(segment.start),
-                inputs=np.pad(segment.inputs, pad, constant_values=self.pad_id),
-                targets=np.zeros(t_pad, np.int32),
-                real=np.pad(np.ones(len(segment.inputs), bool), pad),
-            )
+            seg = self._padded(segment.start, segment.inputs, np.zeros_like(segment.inputs))
             total, dk, dv = self.programs.sweep(
-                params, base_params, (traj.k, traj.v, dk, dv), total, seg
+                params,
+                base_params,
+                (traj.k, traj.v, dk, dv),
+                total,
+                seg,
+                past_slots=self._past_slots(segment.start),
             )
         return total, traj._replace(dk=dk, dv=dv)
+
+
+def _checked(new_tokens, loss_mask, teacher_logprobs, token_weights):
+    """(tokens int32 [n], mask float32 [n], teacher log-probs or weights float32 [n])."""
+    if teacher_logprobs is not None and token_weights is not None:
+        raise ValueError("pass teacher_logprobs (OPD) or token_weights (GRPO), not both")
+    new = np.asarray(new_tokens, np.int32).reshape(-1)
+    n = len(new)
+    mask = np.zeros(n, np.float32) if loss_mask is None else np.asarray(loss_mask, np.float32)
+    if mask.shape != (n,) or not np.all((mask == 0) | (mask == 1)):
+        raise ValueError(f"loss_mask must be {n} values of 0/1, got shape {mask.shape}")
+    side = teacher_logprobs if teacher_logprobs is not None else token_weights
+    side = np.ones(n, np.float32) if side is None else np.asarray(side, np.float32)
+    if side.shape != (n,):
+        raise ValueError(f"teacher_logprobs/token_weights need {n} values, got {side.shape}")
+    return new, mask, side
 
 
 def make_segment_fns(
