@@ -142,7 +142,12 @@ def opd_costs(
         for b in prefix_buckets
     }
     seg_lengths = sorted({b - a for n in turn_counts for a, b in _turns(tokens, n)})
-    seg_buckets = sorted({max(x, 2) for x in seg_lengths} | {max(x - 1, 2) for x in seg_lengths})
+    seg_buckets = sorted(
+        {max(x, 2) for x in seg_lengths}
+        | {max(x - 1, 2) for x in seg_lengths}
+        | {c for c in (128, 256, 512) if c < total_tokens}
+        | {total_tokens}  # the sweep's blocks (up to the largest bucket)
+    )
     cache_buckets = [c for c in (64, 128, 256, 512, 1024, 2048, 4096) if c < total_tokens]
     fns = segments.make_segment_fns(graphdef, cfg, seg_buckets, (*cache_buckets, total_tokens))
     rows = []

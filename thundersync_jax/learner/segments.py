@@ -13,7 +13,9 @@ Reverse mode is linear in the output cotangent, so when the trajectory closes on
 sweep, newest segment first, pushes each segment's buffered K/V cotangent back through it
 (vjp of its forward; the sweep step also adds the cotangent it yields for the earlier cache).
 Direct parts plus the sweep equal the one-shot gradient of the whole trajectory; every segment
-is forwarded at most twice and backpropagated at most twice, whatever the turn count.
+is forwarded at most twice and backpropagated at most twice, whatever the turn count. The sweep
+merges consecutive segments into blocks up to the largest segment bucket (`_sweep_blocks`), so
+it runs as a few long calls even when the turns are short.
 
 Token bookkeeping matches `chunks.py`: the one-shot forward reads tokens[:-1] and scores
 tokens[1:]. A trajectory therefore forwards its tokens one behind what it has seen: the latest
@@ -299,7 +301,7 @@ class SegmentFns:
         sweep = owned if consumed else owned[:-1]
         total = _tree_zeros(params) if sweep else None
         dk, dv = traj.dk, traj.dv
-        for segment in reversed(sweep):
+        for segment in _sweep_blocks(sweep, self.seg_buckets[-1]):
             seg = self._padded(segment.start, segment.inputs, np.zeros_like(segment.inputs))
             total, dk, dv = self.programs.sweep(
                 params,
@@ -310,6 +312,25 @@ class SegmentFns:
                 past_slots=self._past_slots(segment.start),
             )
         return total, traj._replace(dk=dk, dv=dv)
+
+
+def _sweep_blocks(sweep: Sequence[Segment], max_tokens: int) -> list[Segment]:
+    """Consecutive segments merged into blocks of at most `max_tokens`, newest block first.
+
+    Sweeping a block at once is exact too: its vjp pushes the buffered cotangents of all its
+    keys/values back through the block's forward, and the dependencies inside the block (a
+    later segment reading an earlier one's keys) are differentiated by that same vjp, which
+    is what sweeping the later segment would have added to the earlier one's buffer. Direct
+    passes' contributions are already in the buffer and are not recomputed (the block's
+    loss cotangent is zero). Fewer, longer calls run at the per-token cost of long chunks.
+    """
+    blocks: list[list[Segment]] = []
+    for segment in reversed(sweep):
+        size = sum(len(s.inputs) for s in blocks[-1]) if blocks else max_tokens
+        if size + len(segment.inputs) > max_tokens:
+            blocks.append([])
+        blocks[-1].insert(0, segment)
+    return [Segment(b[0].start, np.concatenate([s.inputs for s in b])) for b in blocks]
 
 
 def _checked(new_tokens, loss_mask, teacher_logprobs, token_weights):
