@@ -173,6 +173,19 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def project_qkv(
+        self, x: Float[Array, "B T D"], positions: Int[Array, "B T"]
+    ) -> tuple[Float[Array, "B T N H"], Float[Array, "B T K H"], Float[Array, "B T K H"]]:
+        """Queries, keys and values of `x`, normed (Qwen3) and rotated at `positions`."""
+        q = self.q_proj(x)  # [B, T, N, H]
+        k = self.k_proj(x)  # [B, T, K, H]
+        v = self.v_proj(x)  # [B, T, K, H]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, self.cfg.rope_theta)
+        k = apply_rope(k, positions, self.cfg.rope_theta)
+        return q, k, v
+
     def __call__(
         self,
         x: Float[Array, "B T D"],
@@ -185,13 +198,7 @@ class Attention(nnx.Module):
         cache_layer: (k [L,B,S,K,H], v [L,B,S,K,H], this layer's index, write_index [B,T]).
         """
         cfg = self.cfg
-        q = self.q_proj(x)  # [B, T, N, H]
-        k = self.k_proj(x)  # [B, T, K, H]
-        v = self.v_proj(x)  # [B, T, K, H]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_theta)
-        k = apply_rope(k, positions, cfg.rope_theta)
+        q, k, v = self.project_qkv(x, positions)
         new_kv = None
         if cache_layer is not None:
             k_all, v_all, layer, write_index = cache_layer
