@@ -19,6 +19,7 @@ fail within `heartbeat_timeout_s` (JAX's coordination service), or at the next c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -202,3 +203,34 @@ def global_mesh(fsdp: int, tp: int, devices: Sequence[Any] | None = None):
     rows = [sorted(devs, key=lambda d: d.id) for _, devs in sorted(by_process.items())]
     grid = np.array(rows, dtype=object).reshape(len(rows), int(fsdp), int(tp))
     return Mesh(grid, ("dp", "fsdp", "tp"))
+
+
+@contextlib.contextmanager
+def main_first(name: str):
+    """Process 0 runs the block first, the others after it (e.g. a cache they then hit).
+
+    Every process must enter it (a barrier named `name` sits after process 0's block and
+    before the others'); with one process it is a plain block.
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    several, is_main = jax.process_count() > 1, jax.process_index() == 0
+    if several and not is_main:
+        multihost_utils.sync_global_devices(f"{name}: process 0 done")
+    yield
+    if several and is_main:
+        multihost_utils.sync_global_devices(f"{name}: process 0 done")
+
+
+def allgather(values: Any) -> Any:
+    """[P, ...] numpy array of every process's `values` (same shape and dtype on each)."""
+    import jax
+    import numpy as np
+
+    local = np.asarray(values)
+    if jax.process_count() == 1:
+        return local[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(local))

@@ -44,7 +44,8 @@ def _fold(acc, groups, rewards, grads, tokens):
 def test_partial_states_with_global_totals_sum_to_the_batch_gradient(loss_agg, deterministic):
     rewards, grads, tokens = _batch()
     acc = accumulators.grpo(K, G, loss_agg=loss_agg, deterministic=deterministic)
-    parts = [_fold(acc, [k for k in range(K) if k % 2 == p], rewards, grads, tokens) for p in (0, 1)]
+    owned = [[k for k in range(K) if k % 2 == p] for p in (0, 1)]  # group k on process k mod 2
+    parts = [_fold(acc, groups, rewards, grads, tokens) for groups in owned]
     totals = np.sum([accumulators.batch_totals(s) for s in parts], axis=0)
     assert tuple(totals) == (K * G, int(tokens.sum()))
     summed = sum(
