@@ -13,8 +13,8 @@ WORKER = os.path.join(ROOT, "tests", "learner", "_checkpoint_worker.py")
 
 
 def _launch(*args):
-    cmd = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2",
-           "--devices_per_process=4", "--grace_s=3", "--", sys.executable, WORKER, *args]  # fmt: skip
+    launcher = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2"]
+    cmd = [*launcher, "--devices_per_process=4", "--grace_s=3", "--", sys.executable, WORKER, *args]
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
 
