@@ -24,7 +24,9 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -234,3 +236,26 @@ def allgather(values: Any) -> Any:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(local))
+
+
+@contextlib.contextmanager
+def exit_on_failure():
+    """With several processes, an exception ends this process at once (exit code 1).
+
+    A failing process must not wait in JAX's shutdown barrier for peers that wait for it in
+    the next collective: it logs the error and exits, so `launch_local` (or the cluster's
+    launcher) stops the rest, and the others' heartbeat fails within `heartbeat_timeout_s`.
+    """
+    import jax
+
+    try:
+        yield
+    except BaseException:
+        if jax.process_count() == 1:
+            raise
+        log.exception("process %d of %d failed; exiting", jax.process_index(), jax.process_count())
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(1)

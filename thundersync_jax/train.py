@@ -151,6 +151,12 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
     placement.apply_learner_env(config)  # before JAX starts: its own GPUs, no 75% grab
     algo, schedule, family = check(config, entry_algorithm)
     info = distributed.initialize(config.get("distributed"))  # before any other JAX call
+    with distributed.exit_on_failure():  # a failing replica must not hang the others
+        return _run_processes(config, workdir, info, algo, schedule, family)
+
+
+def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
+    """`run` once this process has joined the others (or runs alone)."""
     _check_data_parallel(config, info)
     workdir = _prepare_workdir(config, workdir, info)
     dp = DataParallel.from_config(config, info)
