@@ -235,7 +235,10 @@ def allgather(values: Any) -> Any:
         return local[None]
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(local))
+    # As bytes: JAX (without x64) would carry float64 / int64 as 32-bit, losing bits.
+    raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(raw))
+    return every.view(local.dtype).reshape(every.shape[0], *local.shape)
 
 
 @contextlib.contextmanager
