@@ -212,6 +212,8 @@ def start_teacher(config, student_cfg, examples, workdir: str) -> teacher.Teache
     """The teacher in its own engine process (trained on `examples()` unless a checkpoint)."""
     # Its own directory beside the student's snapshots (one teacher version, never replaced).
     tag = hashlib.sha1(workdir.encode()).hexdigest()[:8]
+    if jax.process_count() > 1:  # each learner process runs its own teacher (DESIGN §7)
+        tag += f"-p{jax.process_index()}"
     root = os.path.join(config.rollout.snapshot_root, f"{os.path.basename(workdir)}-{tag}-teacher")
     cache = config.sft.cache_dir or workdir
     return teacher.start_teacher(config, student_cfg, examples, cache, root)
