@@ -31,7 +31,9 @@ from thundersync_jax.learner import replicas
 # Metrics whose batch value is the sum over processes (their groups are disjoint), and
 # those that are the largest process's; the rest are process 0's own (e.g. timings), with
 # the learner's busy time also reported per process.
-SUMMED = ("tokens", "mixed_groups", "verifier_failures", "rollout_failures")
+SUMMED = ("tokens", "mixed_groups", "verifier_failures", "rollout_failures", "turns")
+# Means over the batch's loss tokens (OPD's reverse-KL estimate): weighted by each one's tokens.
+TOKEN_MEANS = ("reverse_kl",)
 LARGEST = ("max_policy_lag", "open_groups_peak", "accum_bytes_peak", "compiles")
 PER_PROCESS = ("learner_busy_s",)
 
@@ -104,6 +106,9 @@ class DataParallel:
                 merged[k] = type(out[k])(scalars[:, i].sum())
             elif k in LARGEST:
                 merged[k] = type(out[k])(scalars[:, i].max())
+            elif k in TOKEN_MEANS and "tokens" in keys:
+                weights = scalars[:, keys.index("tokens")]
+                merged[k] = round(float(scalars[:, i] @ weights / max(weights.sum(), 1.0)), 6)
             if k in PER_PROCESS:
                 merged[f"{k}_per_process"] = [float(x) for x in scalars[:, i]]
         pairs = [(int(g), float(r)) for g, r in gathered if not np.isnan(g)]
