@@ -31,10 +31,10 @@ FAMILIES = {
 }
 
 
-def _command(algo, workdir, base, processes):
+def _command(algo, workdir, base, processes, steps=STEPS):
     module, config = FAMILIES[algo]
     cmd = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
-           "--config.schedule=stream", f"--config.num_steps={STEPS}", "--config.seed=7",
+           "--config.schedule=stream", f"--config.num_steps={steps}", "--config.seed=7",
            f"--config.sft.cache_dir={base / 'sft'}", "--config.checkpoint.every=1",
            f"--config.rollout.snapshot_root={base / 'shm'}", "--config.metrics.tensorboard=False",
            "--config.metrics.timeline_every=0"]  # fmt: skip
@@ -69,7 +69,7 @@ def runs(request, tmp_path_factory):
     """(algo, base, {"init", "one", "two": workdir})."""
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
     wd = {name: str(base / name) for name in ("init", "one", "two")}
-    _run([*_command(algo, wd["init"], base, 1), "--config.num_steps=0"])  # the warm start
+    _run(_command(algo, wd["init"], base, 1, steps=0))  # the warm start, exported
     _run(_command(algo, wd["one"], base, 1))
     _run(_command(algo, wd["two"], base, 2))
     return algo, base, wd
