@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -216,6 +217,9 @@ def start_teacher(config, student_cfg, examples, workdir: str) -> teacher.Teache
         tag += f"-p{jax.process_index()}"
     root = os.path.join(config.rollout.snapshot_root, f"{os.path.basename(workdir)}-{tag}-teacher")
     cache = config.sft.cache_dir or workdir
+    # A previous process of this run (killed, now resumed) left its teacher's v0 here, and
+    # publishing never overwrites a version: no engine reads it any more.
+    shutil.rmtree(root, ignore_errors=True)
     return teacher.start_teacher(config, student_cfg, examples, cache, root)
 
 
