@@ -131,6 +131,19 @@ def get_base_config() -> ml_collections.ConfigDict:
         )
     )
     c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
+    # Data-parallel learner processes (DESIGN §7): empty/0/-1 = from the launcher's
+    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the cluster, else one
+    # process. debug_check_replicas: hash every replica's train state after each step.
+    c.distributed = ml_collections.ConfigDict(
+        dict(
+            coordinator_address="",
+            num_processes=0,
+            process_id=-1,
+            init_timeout_s=120.0,
+            heartbeat_timeout_s=30,
+            debug_check_replicas=False,
+        )
+    )
     c.metrics = ml_collections.ConfigDict(dict(timeline_every=5, tensorboard=True))
     c.sft = ml_collections.ConfigDict(
         # cache_dir "" = workdir. decoys: also imitate a failed (no-op edit) attempt per task,

@@ -19,11 +19,14 @@ fail within `heartbeat_timeout_s` (JAX's coordination service), or at the next c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
+import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -202,3 +205,60 @@ def global_mesh(fsdp: int, tp: int, devices: Sequence[Any] | None = None):
     rows = [sorted(devs, key=lambda d: d.id) for _, devs in sorted(by_process.items())]
     grid = np.array(rows, dtype=object).reshape(len(rows), int(fsdp), int(tp))
     return Mesh(grid, ("dp", "fsdp", "tp"))
+
+
+@contextlib.contextmanager
+def main_first(name: str):
+    """Process 0 runs the block first, the others after it (e.g. a cache they then hit).
+
+    Every process must enter it (a barrier named `name` sits after process 0's block and
+    before the others'); with one process it is a plain block.
+    """
+    import jax
+    from jax.experimental import multihost_utils
+
+    several, is_main = jax.process_count() > 1, jax.process_index() == 0
+    if several and not is_main:
+        multihost_utils.sync_global_devices(f"{name}: process 0 done")
+    yield
+    if several and is_main:
+        multihost_utils.sync_global_devices(f"{name}: process 0 done")
+
+
+def allgather(values: Any) -> Any:
+    """[P, ...] numpy array of every process's `values` (same shape and dtype on each)."""
+    import jax
+    import numpy as np
+
+    local = np.asarray(values)
+    if jax.process_count() == 1:
+        return local[None]
+    from jax.experimental import multihost_utils
+
+    # As bytes: JAX (without x64) would carry float64 / int64 as 32-bit, losing bits.
+    raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(raw))
+    return every.view(local.dtype).reshape(every.shape[0], *local.shape)
+
+
+@contextlib.contextmanager
+def exit_on_failure():
+    """With several processes, an exception ends this process at once (exit code 1).
+
+    A failing process must not wait in JAX's shutdown barrier for peers that wait for it in
+    the next collective: it logs the error and exits, so `launch_local` (or the cluster's
+    launcher) stops the rest, and the others' heartbeat fails within `heartbeat_timeout_s`.
+    """
+    import jax
+
+    try:
+        yield
+    except BaseException:
+        if jax.process_count() == 1:
+            raise
+        log.exception("process %d of %d failed; exiting", jax.process_index(), jax.process_count())
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(1)

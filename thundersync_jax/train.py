@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 
-from thundersync_jax import algorithms, metrics
+from thundersync_jax import algorithms, distributed, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.learner import placement, regularizers
@@ -37,6 +37,7 @@ from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.schedule import components, episodes, schedules
 from thundersync_jax.schedule.config_check import ConfigError, check_config
+from thundersync_jax.schedule.data_parallel import DataParallel
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.lora_policy import check_lora_config
 from thundersync_jax.schedule.planner import Planner
@@ -82,6 +83,7 @@ class _Run:
     learner: algorithms.BatchLearner
     policy: Any
     apply_update: Any
+    dp: DataParallel
 
     def launch(self, step: int) -> episodes.BatchRollouts:
         """Starts every episode of `step` on the engines' current policy."""
@@ -99,6 +101,7 @@ class _Run:
             work=self.algo.episode_work(self.services, timeline),
             timeline=timeline,
             max_concurrency=int(c.rollout.max_batch),
+            groups=self.dp.owned_groups(int(c.rl.num_groups)),
         )
 
     def publish(self, trainable, version: int) -> None:
@@ -111,13 +114,29 @@ class _Run:
         self.fleet.manager.publish(tree, int(version), self.fleet.root, kind=kind)
 
 
-def _prepare_workdir(config, workdir: str) -> str:
+def _prepare_workdir(config, workdir: str, info: distributed.ProcessInfo) -> str:
+    """The shared workdir; process 0 writes config.json and train.log, process p>0 logs to
+    DIR/processes/p/train.log."""
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
+    if not info.is_main:
+        own = os.path.join(workdir, "processes", str(info.index))
+        os.makedirs(own, exist_ok=True)
+        components.configure_logging(own)
+        return workdir
     components.configure_logging(workdir)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2))
     return workdir
+
+
+def _check_data_parallel(config, info: distributed.ProcessInfo) -> None:
+    if info.count > 1 and config.rl.algorithm == "grpo" and config.rl.advantage == "batch":
+        raise ConfigError(
+            f"rl.advantage='batch' normalises over every reward of the batch, which {info.count} "
+            "learner processes split: use a per-group estimator (grpo, drgrpo, rloo) or one "
+            "process"
+        )
 
 
 def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
@@ -131,17 +150,27 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
     """
     placement.apply_learner_env(config)  # before JAX starts: its own GPUs, no 75% grab
     algo, schedule, family = check(config, entry_algorithm)
-    workdir = _prepare_workdir(config, workdir)
-    ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep))
+    info = distributed.initialize(config.get("distributed"))  # before any other JAX call
+    with distributed.exit_on_failure():  # a failing replica must not hang the others
+        return _run_processes(config, workdir, info, algo, schedule, family)
+
+
+def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
+    """`run` once this process has joined the others (or runs alone)."""
+    _check_data_parallel(config, info)
+    workdir = _prepare_workdir(config, workdir, info)
+    dp = DataParallel.from_config(config, info)
+    ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep), global_mesh=dp.global_mesh)
     built = build_policy(config, family, workdir, checkpointer=ckpt)
     state = built.state
     if built.resumed:
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
-    components.trim_metrics(workdir, first_step)
+    if info.is_main:
+        components.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         full = built.policy.full_params(state.params)
-        path = export_final(built.graphdef, full, workdir, built.tok)
+        path = export_final(built.graphdef, full, workdir, built.tok) if info.is_main else ""
         log.info("nothing to train (step %d of %d); final policy at %s", first_step,
                  config.num_steps, path)  # fmt: skip
         ckpt.close()
@@ -158,9 +187,15 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
             rows=built.learner.rows,
         )
     )
-    writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
-    progress = metrics.StepProgress(
-        config.num_steps, desc=f"{algo.name}/{schedule.name}", initial=first_step
+    # Metrics come from process 0 (merged over every process's groups, `DataParallel`).
+    writer = _MainOnly(
+        info, lambda: metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
+    )
+    progress = _MainOnly(
+        info,
+        lambda: metrics.StepProgress(
+            config.num_steps, desc=f"{algo.name}/{schedule.name}", initial=first_step
+        ),
     )
     fleet = services = None
     last: dict = {}
@@ -180,6 +215,7 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
             apply_update=make_apply_update(
                 built.optimizer, skip_zero_grad=bool(config.optim.skip_zero_grad)
             ),
+            dp=dp,
         )
         fleet.drop_versions_from(first_step)
         run_.publish(state.params, first_step)
@@ -191,7 +227,9 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
             every = int(config.checkpoint.every)
             if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
                 ckpt.save(state)
-        export_final(built.graphdef, built.policy.full_params(state.params), workdir, built.tok)
+        if info.is_main:
+            full = built.policy.full_params(state.params)
+            export_final(built.graphdef, full, workdir, built.tok)
     finally:
         progress.close()
         writer.close()
@@ -200,6 +238,18 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
                 closable.close()
         ckpt.close()
     return last
+
+
+class _MainOnly:
+    """The object `make()` builds on process 0; elsewhere a sink for the same calls."""
+
+    def __init__(self, info: distributed.ProcessInfo, make):
+        self._obj = make() if info.is_main else None
+
+    def __getattr__(self, name):
+        if self._obj is not None:
+            return getattr(self._obj, name)
+        return lambda *args, **kwargs: None
 
 
 def _train_step(run: _Run, step: int, state, pending):
@@ -223,6 +273,7 @@ def _train_step(run: _Run, step: int, state, pending):
         rl.max_open_groups or None,
         max_chunk_items=1 if rl.deterministic else None,
     )
+    planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
 
     def on_chunk(chunk, start, end):
         ids = [it.item_id for it in chunk if not isinstance(it.payload, MemberEnd)]
@@ -249,9 +300,10 @@ def _train_step(run: _Run, step: int, state, pending):
 
     with timeline.span(metrics.OPT):
         batch = run.learner.close_groups(batch, stats.failed_groups)
-        grads = run.learner.finalize(batch)
+        grads = run.dp.finalize(run.learner, batch)  # the whole batch's ∇L on every process
         new_state, applied, grad_norm = run.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
+    run.dp.after_update(new_state, step)
     if not bool(applied):
         log_skipped_update(log, step, grad_norm)
     with timeline.span(metrics.PUBLISH):
@@ -270,6 +322,8 @@ def _train_step(run: _Run, step: int, state, pending):
         update_skipped=not bool(applied),
         rollout_failures=len(stats.failures),
     )
-    components.save_step_artifacts(config, run.workdir, step, timeline)
+    out = run.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
+    if run.dp.info.is_main:
+        components.save_step_artifacts(config, run.workdir, step, timeline)
     log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
     return new_state, nxt, out

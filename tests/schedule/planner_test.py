@@ -107,3 +107,23 @@ def test_learner_loop_streams_while_rollouts_run():
         assert sorted(it.item_id for it in processed) == ["g0m0", "g0m1", "g1m0"]
         assert stats.failures == ["engine gave up"]
         assert (starts[0] < stats.last_arrival_s) == expect_overlap
+
+
+def test_excluded_groups_are_another_process_s_and_never_block_the_batch():
+    # Process 1 of 2 owns the odd groups (k mod 2): the batch closes on them alone.
+    p = Planner("stream", num_groups=4, group_size=2, max_chunk_tokens=1000)
+    p.exclude_groups([0, 2])
+    assert not p.done()
+    for k in (1, 3):
+        for m in range(2):
+            p.push(_item(k, m, float(m), t=k + m))
+    chunks = list(p.drain())
+    assert sorted(it.group for c in chunks for it in c) == [1, 1, 3, 3]
+    assert p.done()
+
+
+def test_excluding_a_group_that_already_has_members_is_an_error():
+    p = Planner("stream", num_groups=2, group_size=2, max_chunk_tokens=1000)
+    p.push(_item(0, 0, 1.0, t=0))
+    with pytest.raises(ValueError, match="group 0: 1 members already arrived"):
+        p.exclude_groups([0])

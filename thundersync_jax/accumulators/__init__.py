@@ -14,6 +14,7 @@ from thundersync_jax.accumulators._advantages import (
     advantage_names,
     register_advantage,
 )
+from thundersync_jax.accumulators._batch_totals import batch_totals, with_batch_totals
 from thundersync_jax.accumulators._combine import (
     CombinedAccumulator,
     CombinedState,
@@ -35,6 +36,7 @@ __all__ = [
     "GroupState",
     "Regularizer",
     "advantage_names",
+    "batch_totals",
     "combine",
     "grpo",
     "loss_agg_names",
@@ -43,4 +45,5 @@ __all__ = [
     "register_advantage",
     "register_loss_agg",
     "regularizer",
+    "with_batch_totals",
 ]

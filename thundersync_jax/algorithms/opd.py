@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -217,8 +218,13 @@ def start_teacher(config, student_cfg, examples, workdir: str) -> teacher.Teache
     """The teacher in its own engine process (trained on `examples()` unless a checkpoint)."""
     # Its own directory beside the student's snapshots (one teacher version, never replaced).
     tag = hashlib.sha1(workdir.encode()).hexdigest()[:8]
+    if jax.process_count() > 1:  # each learner process runs its own teacher (DESIGN §7)
+        tag += f"-p{jax.process_index()}"
     root = os.path.join(config.rollout.snapshot_root, f"{os.path.basename(workdir)}-{tag}-teacher")
     cache = config.sft.cache_dir or workdir
+    # A previous process of this run (killed, now resumed) left its teacher's v0 here, and
+    # publishing never overwrites a version: no engine reads it any more.
+    shutil.rmtree(root, ignore_errors=True)
     return teacher.start_teacher(config, student_cfg, examples, cache, root)
 
 

@@ -44,9 +44,15 @@ def check_mesh_sizes(fsdp: Any, tp: Any, num_devices: int) -> tuple[int, int]:
     return fsdp, tp
 
 
+def _id(device) -> int:
+    return int(device.id)
+
+
 def learner_mesh(mesh_config: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The ("fsdp", "tp") mesh of `config.mesh` over the first fsdp·tp local devices."""
-    devices = list(jax.local_devices() if devices is None else devices)
+    # Sorted by id, as `distributed.global_mesh` orders each process's row (replicas.py
+    # lifts local buffers into that row and needs the same device for the same slice).
+    devices = list(devices) if devices is not None else sorted(jax.local_devices(), key=_id)
     fsdp, tp = check_mesh_sizes(mesh_config.fsdp, mesh_config.tp, len(devices))
     if fsdp * tp < len(devices):
         log.info(

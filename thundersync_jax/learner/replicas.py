@@ -99,3 +99,42 @@ def check_replicas_identical(tree: Any, step: int) -> None:
     if not (every == every[0]).all():
         bad = [i for i in range(every.shape[0]) if not (every[i] == every[0]).all()]
         raise RuntimeError(f"step {step}: replicas diverged: processes {bad} differ from process 0")
+
+
+def _row_mesh(global_mesh: Mesh) -> Mesh:
+    """This process's row of the global mesh, as an ("fsdp", "tp") mesh."""
+    return Mesh(global_mesh.devices[jax.process_index()], global_mesh.axis_names[1:])
+
+
+def to_global(leaf: jax.Array, global_mesh: Mesh) -> jax.Array:
+    """The process-local `leaf` as a global array replicated over `dp` (same buffers).
+
+    Orbax writes a global array's replica 0 only, so a save of identical replicas writes
+    each byte once (process 0's devices) while every process takes part.
+    """
+    if len(leaf.addressable_shards) != global_mesh.devices[0].size:
+        leaf = jax.device_put(leaf, NamedSharding(_row_mesh(global_mesh), PartitionSpec()))
+    sharding = NamedSharding(global_mesh, _local_spec(leaf))
+    by_device = {s.device: s for s in leaf.addressable_shards}
+    buffers = []
+    for device, index in sharding.addressable_devices_indices_map(leaf.shape).items():
+        shard = by_device[device]
+        if tuple(index) != tuple(shard.index):
+            raise ValueError(
+                f"device {device} holds slice {shard.index} locally but {index} in the "
+                "global mesh: build both meshes with the same device order"
+            )
+        buffers.append(shard.data)
+    return jax.make_array_from_single_device_arrays(leaf.shape, sharding, buffers)
+
+
+def global_sharding(leaf: Any, global_mesh: Mesh) -> NamedSharding:
+    """The replicated-over-dp sharding `to_global` gives `leaf` (for restore targets)."""
+    sharding = getattr(leaf, "sharding", None)
+    spec = sharding.spec if isinstance(sharding, NamedSharding) else PartitionSpec()
+    return NamedSharding(global_mesh, spec)
+
+
+def to_local(global_leaf: jax.Array, like: Any) -> jax.Array:
+    """A global replicated array back to process-local with `like`'s sharding."""
+    return _lower(global_leaf, like)

@@ -117,10 +117,20 @@ def _signature_hash(signature: Iterable[tuple[str, tuple[int, ...], str]]) -> st
 
 @functools.lru_cache(maxsize=1)
 def _checkpointer():
+    import jax
     import orbax.checkpoint as ocp
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs several INFO lines per save
-    return ocp.Checkpointer(SnapshotHandler(), temporary_path_class=InlineRenameTemporaryPath)
+    # Each learner process publishes to its own engines (DESIGN §7): a snapshot is this
+    # process's alone, so no barrier with the others and this process creates its directory.
+    me = jax.process_index()
+    return ocp.Checkpointer(
+        SnapshotHandler(),
+        temporary_path_class=InlineRenameTemporaryPath,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me}
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- publish

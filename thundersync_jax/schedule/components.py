@@ -114,6 +114,8 @@ class EngineFleet:
             + "-"
             + hashlib.sha1(workdir.encode()).hexdigest()[:8]
         )
+        if jax.process_count() > 1:  # each learner process publishes to its own engines
+            run += f"-p{jax.process_index()}"
         self.root = os.path.join(ro.snapshot_root, run)
         self.sampler = EngineSampler(
             self.manager,

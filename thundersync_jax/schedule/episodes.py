@@ -128,10 +128,13 @@ def launch_batch(
     work: EpisodeWork,
     timeline: Timeline,
     max_concurrency: int,
+    groups=None,
 ) -> BatchRollouts:
-    """Starts all K×G episodes of `step` in the background.
+    """Starts the K×G episodes of `step` (only `groups`' when given) in the background.
 
     Args:
+      groups: the groups this process samples (data-parallel learners: k mod P), or None
+        for all K; keyed sampling makes an episode's trajectory the same on any process.
       make_env: (group, member) -> a fresh Environment for that prompt.
       work: what the algorithm takes from an episode (see `EpisodeWork`).
       timeline: gets one "rollout" event per member (start → its work all queued).
@@ -150,7 +153,7 @@ def launch_batch(
                     timeline=timeline,
                     **shared,
                 )
-                for k in range(num_groups)
+                for k in (range(num_groups) if groups is None else groups)
                 for m in range(group_size)
             ]
             for f in futures:

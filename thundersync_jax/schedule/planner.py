@@ -113,6 +113,14 @@ class Planner:
                 (it.arrival_s for it in self._pending if it.group == group), default=0.0
             )
 
+    def exclude_groups(self, groups) -> None:
+        """Groups another learner process streams (DESIGN §7): none of their members arrive here."""
+        for k in groups:
+            if self._members_in[k]:
+                raise ValueError(f"group {k}: {self._members_in[k]} members already arrived here")
+            self._expected[k] = 0
+            self._completed_at[k] = 0.0
+
     # -- state ------------------------------------------------------------
     def group_complete(self, group: int) -> bool:
         return self._members_in[group] >= self._expected[group]

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from thundersync_jax import distributed
 from thundersync_jax.learner import export, model_state, regularizers, sft
 from thundersync_jax.learner.train_state import TrainState
 from thundersync_jax.models import qwen3, tokenizer
@@ -72,12 +73,16 @@ def warm_start(config, examples: Callable[[], list], workdir: str) -> qwen3.Qwen
 def build_policy(config, family, workdir: str, checkpointer=None) -> BuiltPolicy:
     """Tokenizer, tasks, warm start, trainable params, optimizer and train state, on the mesh."""
     tok = tokenizer.for_run(config)
-    tasks = family.build_tasks(config, workdir)
-    examples = functools.cache(lambda: family.demonstrations(config, tasks, tok, workdir))
+    # Several learner processes share the workdir: process 0 writes the tasks and the warm
+    # start's cache first, the others then find both (same files, same cached model).
+    with distributed.main_first("tasks and warm start"):
+        tasks = family.build_tasks(config, workdir)
+        examples = functools.cache(lambda: family.demonstrations(config, tasks, tok, workdir))
+        warm_model = warm_start(config, examples, workdir)
     # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
     built = model_state.build_learner_model(
         config,
-        warm_model=warm_start(config, examples, workdir),
+        warm_model=warm_model,
         make_policy=lambda p: lora_policy.make_policy(config, p),
         checkpointer=checkpointer,
     )
@@ -102,7 +107,8 @@ def start_engines(config, workdir: str, built: BuiltPolicy, algo) -> tuple[Any, 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fleet_f = pool.submit(components.EngineFleet, config, workdir, built.tok, built.model_cfg)
         try:
-            services = algo.start_services(config, built.model_cfg, built.examples, workdir)
+            with distributed.main_first("services"):  # e.g. OPD's teacher cache: process 0 first
+                services = algo.start_services(config, built.model_cfg, built.examples, workdir)
         except BaseException:
             with contextlib.suppress(Exception):  # keep the service's error, not the fleet's
                 fleet_f.result().close()

@@ -1,0 +1,116 @@
+"""The loop's side of data-parallel learner processes (DESIGN §7, issue 15).
+
+One learner replica per process. Process p launches and streams only the groups k with
+k mod P = p, on its own engines, folding them into its own tallies: nothing crosses
+processes while rollouts and chunks run. At batch end:
+
+1. the processes exchange a few numbers: each one's trajectory and token counts (Z of
+   every loss_agg mode: B, N; OPD's N) and its rewards and metric scalars (for the step's
+   metrics), in one small allgather;
+2. each finalizes its partial gradient with the GLOBAL counts
+   (`accumulators.with_batch_totals`): −(1/Z) Σ over its own groups;
+3. one cross-process sum over `dp` (`learner.replicas.make_cross_process_sum`);
+
+then every replica applies the same optax step to the same gradient, so replicas stay
+bitwise identical (checked every step with `distributed.debug_check_replicas`). With one
+process every function here is the plain one-process path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from thundersync_jax import accumulators, distributed
+from thundersync_jax.algorithms.base import BatchTally, tally_metrics
+from thundersync_jax.learner import replicas
+
+# Metrics whose batch value is the sum over processes (their groups are disjoint), and
+# those that are the largest process's; the rest are process 0's own (e.g. timings), with
+# the learner's busy time also reported per process.
+SUMMED = ("tokens", "mixed_groups", "verifier_failures", "rollout_failures", "turns")
+# Means over the batch's loss tokens (OPD's reverse-KL estimate): weighted by each one's tokens.
+TOKEN_MEANS = ("reverse_kl",)
+LARGEST = ("max_policy_lag", "open_groups_peak", "accum_bytes_peak", "compiles")
+PER_PROCESS = ("learner_busy_s",)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    """This process's place among the learner replicas, and the batch-end exchange.
+
+    Attributes:
+      info: this process's index and the process count.
+      global_mesh: the (dp, fsdp, tp) mesh (None with one process).
+      cross_sum: tree -> Σ over processes of every leaf (None with one process).
+      check_replicas: hash the train state on every process after each step.
+    """
+
+    info: distributed.ProcessInfo
+    global_mesh: Any = None
+    cross_sum: Callable[[Any], Any] | None = None
+    check_replicas: bool = False
+
+    @classmethod
+    def from_config(cls, config, info: distributed.ProcessInfo) -> DataParallel:
+        if info.count == 1:
+            return cls(info)
+        mesh = distributed.global_mesh(int(config.mesh.fsdp), int(config.mesh.tp))
+        check = bool(config.distributed.get("debug_check_replicas", False))
+        return cls(info, mesh, replicas.make_cross_process_sum(mesh), check)
+
+    @property
+    def several(self) -> bool:
+        return self.info.count > 1
+
+    def owned_groups(self, num_groups: int) -> list[int]:
+        return distributed.owned_groups(num_groups, self.info)
+
+    def other_groups(self, num_groups: int) -> list[int]:
+        mine = set(self.owned_groups(num_groups))
+        return [k for k in range(num_groups) if k not in mine]
+
+    def finalize(self, learner, batch) -> Any:
+        """∇L of the whole batch on every process (its own `learner.finalize` with one)."""
+        if not self.several:
+            return learner.finalize(batch)
+        acc_state = learner.accumulator_state(batch)
+        counts = distributed.allgather(np.asarray(accumulators.batch_totals(acc_state), np.int64))
+        b, n = (int(x) for x in counts.sum(axis=0))
+        # The algorithms' per-batch states keep their accumulator state in `acc`.
+        globally = accumulators.with_batch_totals(acc_state, b, n)
+        partial = learner.finalize(batch._replace(acc=globally))
+        return self.cross_sum(partial)
+
+    def after_update(self, state, step: int) -> None:
+        if self.several and self.check_replicas:
+            replicas.check_replicas_identical(state, step)
+
+    def merge_metrics(self, out: dict, tally: BatchTally, num_members: int) -> dict:
+        """The step's metrics over every process's groups (identical on every process)."""
+        if not self.several:
+            return out
+        keys = sorted(k for k, v in out.items() if isinstance(v, (int, float, bool, np.number)))
+        local = np.asarray([float(out[k]) for k in keys], np.float64)
+        rewards = np.full((num_members, 2), np.nan)
+        for row, (g, r) in enumerate(tally.rewards):
+            rewards[row] = (g, r)
+        every = distributed.allgather(np.concatenate([local, rewards.reshape(-1)]))
+        scalars, gathered = every[:, : len(keys)], every[:, len(keys) :].reshape(-1, 2)
+        merged = dict(out)
+        for i, k in enumerate(keys):
+            if k in SUMMED:
+                merged[k] = type(out[k])(scalars[:, i].sum())
+            elif k in LARGEST:
+                merged[k] = type(out[k])(scalars[:, i].max())
+            elif k in TOKEN_MEANS and "tokens" in keys:
+                weights = scalars[:, keys.index("tokens")]
+                merged[k] = round(float(scalars[:, i] @ weights / max(weights.sum(), 1.0)), 6)
+            if k in PER_PROCESS:
+                merged[f"{k}_per_process"] = [float(x) for x in scalars[:, i]]
+        pairs = [(int(g), float(r)) for g, r in gathered if not np.isnan(g)]
+        merged["reward_mean"] = tally_metrics(BatchTally(rewards=tuple(pairs)))["reward_mean"]
+        return merged
