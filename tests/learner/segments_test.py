@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from thundersync_jax.learner import chunks, segments
+from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.models import lora, qwen3
-from thundersync_jax.schedule.opd_learner import TokenLogprobFn
 
 # Prime-sized dims so a transposed axis cannot go unnoticed.
 CFG = qwen3.Qwen3Config(

@@ -28,8 +28,8 @@ import numpy as np
 from flax import nnx
 
 from thundersync_jax.learner import chunks, segments, segments_prompt
+from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.models import qwen3
-from thundersync_jax.schedule.opd_learner import TokenLogprobFn
 
 
 def _block(tree: Any) -> None:
