@@ -76,7 +76,6 @@ class Programs:
     def _count(self) -> None:  # runs once per trace
         with self._lock:
             self.compiles += 1
-        chunks._count_compile()
 
     def _model(self, trainable, base_params):
         full = lora.merge(jax.lax.stop_gradient(base_params), trainable) if self.lora else trainable
