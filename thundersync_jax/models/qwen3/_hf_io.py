@@ -175,23 +175,7 @@ def from_hf_state_dict(
     """
     param_dtype = dtype if param_dtype is None else param_dtype
     table = tensor_table(cfg)
-    expected = {t.hf_name for t in table}
-    given = {name for name in state_dict if not name.endswith(_IGNORED_SUFFIXES)}
-    if cfg.tie_word_embeddings and "lm_head.weight" in given:
-        # Some exporters write the tied head anyway; accept it only if it is the embedding.
-        head = _to_numpy(state_dict["lm_head.weight"])
-        embed = _to_numpy(state_dict.get("model.embed_tokens.weight", head))
-        if head.shape != embed.shape or not np.array_equal(head, embed):
-            raise ValueError(
-                "lm_head.weight differs from model.embed_tokens.weight but the config has "
-                "tie_word_embeddings=true; set it to false to load an untied head"
-            )
-        given.discard("lm_head.weight")
-    missing, unexpected = sorted(expected - given), sorted(given - expected)
-    if missing:
-        raise KeyError(f"checkpoint is missing tensors {missing} (config: {cfg})")
-    if unexpected:
-        raise ValueError(f"checkpoint has unexpected tensors {unexpected} for config {cfg}")
+    check_tensor_names(cfg, table, state_dict, _to_numpy)
 
     abstract = nnx.eval_shape(
         lambda: Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
@@ -263,3 +247,28 @@ def save_pretrained(model: Qwen3, path: str) -> None:
     save_file(tensors, os.path.join(path, SINGLE_FILE), metadata={"format": "pt"})
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
         json.dump(hf_config, f, indent=2)
+
+
+def check_tensor_names(cfg, table, tensors, to_numpy=np.asarray) -> None:
+    """The checkpoint's tensor names against the config's `table`, before any is loaded.
+
+    A tied head is accepted only if it equals the embedding (some exporters write it anyway).
+    Raises KeyError naming missing tensors, ValueError naming unexpected ones.
+    """
+    expected = {t.hf_name for t in table}
+    given = {name for name in tensors if not name.endswith(_IGNORED_SUFFIXES)}
+    if cfg.tie_word_embeddings and "lm_head.weight" in given:
+        head = to_numpy(tensors["lm_head.weight"])
+        embed = tensors.get("model.embed_tokens.weight")
+        embed = head if embed is None else to_numpy(embed)
+        if head.shape != embed.shape or not np.array_equal(head, embed):
+            raise ValueError(
+                "lm_head.weight differs from model.embed_tokens.weight but the config has "
+                "tie_word_embeddings=true; set it to false to load an untied head"
+            )
+        given.discard("lm_head.weight")
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing:
+        raise KeyError(f"checkpoint is missing tensors {missing} (config: {cfg})")
+    if unexpected:
+        raise ValueError(f"checkpoint has unexpected tensors {unexpected} for config {cfg}")

@@ -98,21 +98,7 @@ def _block(t: _hf_io._Tensor, view: np.ndarray, index: tuple[slice, ...]) -> np.
 def _check_tensor_set(cfg: Qwen3Config, views: dict[str, np.ndarray]) -> None:
     """KeyError/ValueError naming missing, unexpected or mis-shaped tensors (before any read)."""
     table = _hf_io.tensor_table(cfg)
-    expected = {t.hf_name for t in table}
-    given = {n for n in views if not n.endswith(_hf_io._IGNORED_SUFFIXES)}
-    if cfg.tie_word_embeddings and "lm_head.weight" in given:
-        head, embed = views["lm_head.weight"], views.get("model.embed_tokens.weight")
-        if embed is None or head.shape != embed.shape or not np.array_equal(head, embed):
-            raise ValueError(
-                "lm_head.weight differs from model.embed_tokens.weight but the config has "
-                "tie_word_embeddings=true; set it to false to load an untied head"
-            )
-        given.discard("lm_head.weight")
-    missing, unexpected = sorted(expected - given), sorted(given - expected)
-    if missing:
-        raise KeyError(f"checkpoint is missing tensors {missing} (config: {cfg})")
-    if unexpected:
-        raise ValueError(f"checkpoint has unexpected tensors {unexpected} for config {cfg}")
+    _hf_io.check_tensor_names(cfg, table, views)
     for t in table:
         if tuple(views[t.hf_name].shape) != t.hf_shape:
             raise ValueError(
