@@ -2,19 +2,23 @@
 
 Every sampled turn goes to the teacher (its own engine process, `teacher.start_teacher`)
 while the turn's tool call runs; once scored it is a `WorkItem` (payload `TurnPayload`). A
-member is closed by one payload-free item queued after all of its turns (payload
-`MemberEnd`: its reward, for the metrics). For a chunk of turns the learner
+member is closed by one item queued after all of its turns (payload `MemberEnd`: its reward
+for the metrics and how many turns it emitted), or, when it fails, by a `MemberLost` item
+before its `MemberFailed`. The learner (DESIGN §2: log-probs from the learner's forward, never
+from the sampler; Â_t = −(log π_s − log π_T)(o_t) a plain number, no gradient through it)
+folds the turns of each trajectory in at `rl.opd_granularity` (`_opd_trajectories`):
 
-1. runs its own forward for the student's log-probs log π_s(o_t) (DESIGN §2: log-probs from
-   the learner, never from the sampler) and forms Â_t = −(log π_s − log π_T)(o_t) as plain
-   numbers, so no gradient flows through Â;
-2. takes h = Σ_t Â_t ∇ log π_s(o_t) over the turn's tokens (forward over the whole prefix,
-   loss masked to the turn);
-3. adds h and the turn's token count into `accumulators.opd()`: finalize = −(1/N) Σ h.
+* `turn` (default): each scored turn runs forward over its new tokens only, against the
+  trajectory's own KV cache at the batch θ (`learner.segments`); that forward gives log π_s for
+  Â, its direct gradient goes into `accumulators.opd()` at once, and its cached keys'/values'
+  cotangents wait in a buffer for one reverse sweep when the trajectory closes: linear cost
+  in the turn count;
+* `trajectory`: one gradient of the whole trajectory when it closes;
+* `auto`: `trajectory` under sync, `turn` otherwise (`resolve_granularity`).
 
-Because attention is causal the per-turn gradients of a trajectory sum to its full-trajectory
-gradient, so streaming turn by turn gives the batch-synchronous update. `rl.kl_coef` and
-`rl.entropy_coef` add their terms over the same scored tokens (`algorithms._terms`).
+finalize = −(1/N) Σ h over the batch's N scored tokens: the batch-synchronous update in every
+schedule and granularity. `rl.kl_coef` and `rl.entropy_coef` add their terms over the
+trajectory's scored tokens when it closes (`algorithms._terms`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from flax import nnx
+
 from thundersync_jax import accumulators, teacher
+from thundersync_jax.algorithms import _opd_trajectories as _trajs
 from thundersync_jax.algorithms import _terms
 from thundersync_jax.algorithms.base import (
     Algorithm,
@@ -40,12 +47,14 @@ from thundersync_jax.algorithms.base import (
     BatchTally,
     LearnerSetup,
     MemberEnd,
+    MemberLost,
     item_lag,
     tally_metrics,
     verifier_failure,
 )
-from thundersync_jax.learner import buckets
+from thundersync_jax.learner import segments
 from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
@@ -107,8 +116,12 @@ class OpdState(NamedTuple):
       acc: the accumulator's state (`accumulators.opd`, combined with terms when enabled).
       policy: the batch's policy (params, base, version).
       tally: tokens, rewards, lags (per turn) and verifier failures so far.
-      turns: scored turns folded in.
+      turns: scored turns that arrived.
       reverse_kl_sum: Σ over scored tokens of (log π_s − log π_T)(o_t), float64.
+      open: (group, member) -> `OpenTrajectory`, the trajectories not yet closed (a new dict
+        per state: states are never mutated).
+      kept_bytes_peak: peak device bytes of the open trajectories' caches and buffers.
+      granularity: this batch's `rl.opd_granularity`, resolved ("turn" or "trajectory").
     """
 
     acc: Any
@@ -116,17 +129,78 @@ class OpdState(NamedTuple):
     tally: BatchTally
     turns: int
     reverse_kl_sum: float
+    open: dict = {}
+    kept_bytes_peak: int = 0
+    granularity: str = "turn"
 
 
-def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearner:
-    """The OPD `BatchLearner` over `accumulators.opd()` (token-mean) and `score_fn`."""
+def batch_learner(
+    acc,
+    score_fn,
+    pad_id: int,
+    regularizer_fn=None,
+    *,
+    segment_fns=None,
+    granularity: str = "turn",
+    schedule=None,
+) -> BatchLearner:
+    """The OPD `BatchLearner` over `accumulators.opd()` (token-mean).
+
+    Args:
+      score_fn: the score-gradient chunk function (`trajectory` granularity).
+      segment_fns: `learner.segments.SegmentFns` of the same model (`turn` granularity).
+      granularity: `rl.opd_granularity` (see `_opd_trajectories`); `auto` resolves per batch
+        from `schedule`.
+      schedule: the run's `schedules.Schedule` (for `auto`).
+    """
+    granularity = _trajs.check_granularity(granularity)
+    if granularity != "trajectory" and segment_fns is None:
+        raise ValueError(f"opd_granularity={granularity!r} needs segment_fns (learner.segments)")
     logprob_fn = TokenLogprobFn(score_fn)
     add = jax.jit(acc.add_weighted, donate_argnums=0)
     add_terms = _terms.TermAdder(acc, regularizer_fn)
+    folders = {"trajectory": _trajs.WholeTrajectory(score_fn, logprob_fn, add, pad_id)}
+    if segment_fns is not None:
+        folders["turn"] = _trajs.TurnSegments(segment_fns, add)
 
     def init(params, version: int, base_params=None, enforce_version: bool = True) -> OpdState:
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
-        return OpdState(acc.init(params), policy, BatchTally(), 0, 0.0)
+        chosen = resolve_granularity(granularity, schedule)
+        return OpdState(acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0, chosen)
+
+    def advance(state: OpdState, key, flush_all: bool = False) -> OpdState:
+        """Folds in the member's turns that can go now; closes it once it is complete."""
+        folder = folders[state.granularity]
+        opened = dict(state.open)
+        traj = opened[key]
+        closing = flush_all or traj.complete
+        traj, ready = _trajs.ready_turns(traj, flush=closing)
+        acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
+        for payload in ready:
+            traj, folded = folder.fold(state.policy, acc_state, traj, payload)
+            acc_state, tokens = folded.acc, tokens + folded.tokens
+            log_ratio += folded.log_ratio_sum
+            opened[key] = traj
+            peak = max(peak, sum(t.nbytes for t in opened.values()))
+        if closing:
+            folded = folder.close(state.policy, acc_state, traj)
+            acc_state, tokens = folded.acc, tokens + folded.tokens
+            log_ratio += folded.log_ratio_sum
+            if traj.scored.any():  # the terms over every scored token, one full forward
+                p = state.policy
+                acc_state = add_terms(
+                    acc_state, p.params, p.base_params, traj.seen[None], traj.scored[None], None
+                )
+            del opened[key]
+        else:
+            opened[key] = traj
+        return state._replace(
+            acc=acc_state,
+            tally=state.tally.add(tokens=tokens),
+            reverse_kl_sum=state.reverse_kl_sum + log_ratio,
+            open=opened,
+            kept_bytes_peak=peak,
+        )
 
     def process(state: OpdState, chunk: list[WorkItem]) -> OpdState:
         p = state.policy
@@ -139,31 +213,43 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
                 if it.payload.verifier_failure is not None
             ],
         )
-        turns = [it for it in chunk if isinstance(it.payload, TurnPayload)]
-        if not turns:  # member-closing items alone are no learner work
-            return state._replace(tally=tally)
-        lags = [item_lag(p, [it.payload.policy_version], f"turn {it.item_id}") for it in turns]
-        payloads = [it.payload for it in turns]
-        tokens, mask, teacher_lp = buckets.pack_sequences(
-            [q.tokens for q in payloads],
-            [q.loss_mask for q in payloads],
-            [q.teacher_logprobs for q in payloads],
-            pad_id=pad_id,
-        )
-        student_lp = logprob_fn(p.params, tokens, p.base_params)
-        # Â_t = −(log π_s − log π_T)(o_t): numbers from the learner's forward, no gradient.
-        advantage = np.where(mask > 0, teacher_lp - student_lp, 0.0).astype(np.float32)
-        h, n = score_fn(p.params, tokens, mask, advantage, base_params=p.base_params)
-        acc_state = add(state.acc, h, n, len(turns))
-        acc_state = add_terms(acc_state, p.params, p.base_params, tokens, mask, None)
-        jax.block_until_ready(acc_state)  # timings measure the work (see algorithms.grpo)
-        return OpdState(
-            acc_state,
-            p,
-            tally.add(tokens=n, lags=lags),
-            state.turns + len(turns),
-            state.reverse_kl_sum + float(-np.sum(advantage, dtype=np.float64)),
-        )
+        opened = dict(state.open)
+        touched = []
+        turns = 0
+        for it in chunk:
+            key = (it.group, it.member)
+            traj = opened.get(key, _trajs.OpenTrajectory())
+            if isinstance(it.payload, TurnPayload):
+                lag = item_lag(p, [it.payload.policy_version], f"turn {it.item_id}")
+                tally = tally.add(lags=[lag])
+                traj = _trajs.hold(traj, it.payload)
+                turns += 1
+            elif isinstance(it.payload, (MemberEnd, MemberLost)):
+                if it.payload.turns is None:  # no count: closed at the batch end
+                    continue
+                traj = traj._replace(expected=int(it.payload.turns))
+            opened[key] = traj
+            touched.append(key)
+        state = state._replace(tally=tally, open=opened, turns=state.turns + turns)
+        for key in dict.fromkeys(touched):  # first-touch order: fixed by the chunk
+            state = advance(state, key)
+        jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
+        return state
+
+    def close_groups(state: OpdState, groups) -> OpdState:
+        """Closes every trajectory still open (members lost without a count, or no count)."""
+        del groups  # OPD has no group coupling; whatever is open closes at the batch end
+        for key in sorted(state.open):
+            state = advance(state, key, flush_all=True)
+        return state
+
+    def finalize(state: OpdState):
+        if state.open:
+            raise ValueError(
+                f"{len(state.open)} OPD trajectories are still open {sorted(state.open)[:4]}: "
+                "call close_groups before finalize"
+            )
+        return acc.finalize(state.acc)
 
     def metrics(state: OpdState) -> dict:
         out = tally_metrics(state.tally)
@@ -174,25 +260,76 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         out.update(reverse_kl=round(kl, 6), turns=int(state.turns))
         return out
 
+    def compiles() -> int:
+        seg = 0 if segment_fns is None else int(segment_fns.compiles)
+        return int(score_fn.compiles) + logprob_fn.compiles + add_terms.compiles + seg
+
     return BatchLearner(
         init=init,
         process=process,
-        close_groups=lambda state, groups: state,  # OPD has no group coupling
-        finalize=lambda state: acc.finalize(state.acc),
+        close_groups=close_groups,
+        finalize=finalize,
         metrics=metrics,
-        compiles=lambda: int(score_fn.compiles) + logprob_fn.compiles + add_terms.compiles,
+        compiles=compiles,
         accumulator_state=lambda state: state.acc,
+        kept_bytes_peak=lambda state: int(state.kept_bytes_peak),
+    )
+
+
+def resolve_granularity(granularity: str, schedule) -> str:
+    """`turn` or `trajectory` for one batch; `auto` asks the schedule.
+
+    `auto` (kept simple): `trajectory` under a schedule that runs learner work only once the
+    whole batch is in (sync: nothing can overlap the rollouts, and one one-shot gradient per
+    trajectory is about half the work of direct passes plus a sweep), `turn` under every
+    other schedule (the learner works while tool calls run; the tail after the last score is
+    one turn's direct pass plus the sweep).
+    """
+    if granularity != "auto":
+        return granularity
+    if schedule is not None and schedule.ready_when == "batch":
+        return "trajectory"
+    return "turn"
+
+
+def segment_fns_for(setup: LearnerSetup):
+    """The learner's segment passes for the run (`turn` granularity)."""
+    c = setup.config
+    cfg = nnx.merge(setup.graphdef, setup.reference_params).cfg
+    seq = tuple(int(b) for b in c.learner.seq_buckets)
+    # Segments (an observation plus a turn) are short; a few small buckets bound the padding.
+    seg = tuple(sorted({b for b in (32, 64) if b < seq[-1]} | set(seq)))
+    return segments.make_segment_fns(
+        setup.graphdef,
+        cfg,
+        seg_buckets=seg,
+        cache_buckets=seq,
+        remat=bool(c.model.remat),
+        lora=setup.lora,
+        temperature=float(c.rollout.temperature),
+        cache_dtype=c.model.dtype,
+        pad_id=setup.pad_id,
     )
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:
+    c = setup.config
     acc, reg_fn = _terms.with_regularizers(
         accumulators.opd(
-            loss_agg="token-mean", deterministic=bool(setup.config.rl.get("deterministic", False))
+            loss_agg="token-mean", deterministic=bool(c.rl.get("deterministic", False))
         ),
         setup,
     )
-    return batch_learner(acc, _terms.score_grad_fn(setup), setup.pad_id, reg_fn)
+    granularity = str(c.rl.get("opd_granularity", "turn"))
+    return batch_learner(
+        acc,
+        _terms.score_grad_fn(setup),
+        setup.pad_id,
+        reg_fn,
+        segment_fns=None if granularity == "trajectory" else segment_fns_for(setup),
+        granularity=granularity,
+        schedule=schedules.get(c.schedule),
+    )
 
 
 def check_config(config) -> None:
@@ -203,6 +340,10 @@ def check_config(config) -> None:
             f"rl.loss_agg={config.rl.loss_agg!r}: OPD is −(1/N) Σ over scored tokens; use "
             "'token-mean'"
         )
+    try:
+        _trajs.check_granularity(config.rl.get("opd_granularity", "turn"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if config.get("teacher") is None:
         raise ConfigError(
             "rl.algorithm='opd' needs a `teacher` section (see configs/terminal_opd_cpu.py)"
@@ -268,10 +409,19 @@ def episode_work(service: teacher.TeacherService, timeline) -> EpisodeWork:
         reward = float(traj.reward if traj.reward is not None else 0.0)
         # Reward 0.0 in the slot key: OPD items of a group share one slot (the member's reward
         # travels in the payload, for the metrics).
-        end = MemberEnd(reward, verifier_failure(traj))
+        # Every sampled turn emitted one item (a failed one loses the member instead).
+        end = MemberEnd(reward, verifier_failure(traj), turns=len(traj.turns))
         return WorkItem(f"g{k}m{m}end", k, 0.0, 0, arrival_s, payload=end, member=m)
 
-    return EpisodeWork(finish=finish, on_turn=on_turn)
+    def lose(k, m, turns_emitted, arrival_s) -> WorkItem:
+        # Not member-closing for the planner (the member is dropped by `MemberFailed`): it
+        # tells the learner to sweep and free the trajectory once its emitted turns are in.
+        lost = MemberLost(int(turns_emitted))
+        return WorkItem(
+            f"g{k}m{m}lost", k, 0.0, 0, arrival_s, payload=lost, closes_member=False, member=m
+        )
+
+    return EpisodeWork(finish=finish, on_turn=on_turn, lose=lose)
 
 
 ALGORITHM = Algorithm(
