@@ -1,4 +1,4 @@
-"""OPD's open trajectories on the learner: per-turn segments (`turn`) or one gradient (`trajectory`).
+"""OPD's open trajectories on the learner: per-turn segments (`turn`) or one gradient.
 
 `rl.opd_granularity` picks how a member's scored turns become gradient (DESIGN §2, "Segments:
 linear cost"):
