@@ -73,6 +73,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             # trajectory = one gradient when the trajectory ends; auto = trajectory under
             # sync, turn otherwise.
             opd_granularity="turn",
+            # GRPO: forward and backpropagate each group's prompt once (learner KV cache,
+            # prompt-sized cotangent tallies); exact for affine estimators, others fall back.
+            shared_prompt=False,
             kl_coef=0.0,
             kl_estimator="k3",  # k1 | k3
             entropy_coef=0.0,

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-from flax import nnx
 
 from thundersync_jax import accumulators
 from thundersync_jax.algorithms import _opd_trajectories as _trajs
@@ -48,7 +47,6 @@ from thundersync_jax.algorithms.base import (
     item_lag,
     tally_metrics,
 )
-from thundersync_jax.learner import segments
 from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
@@ -238,26 +236,6 @@ def resolve_granularity(granularity: str, schedule) -> str:
     return "turn"
 
 
-def segment_fns_for(setup: LearnerSetup):
-    """The learner's segment passes for the run (`turn` granularity)."""
-    c = setup.config
-    cfg = nnx.merge(setup.graphdef, setup.reference_params).cfg
-    seq = tuple(int(b) for b in c.learner.seq_buckets)
-    # Segments (an observation plus a turn) are short; a few small buckets bound the padding.
-    seg = tuple(sorted({b for b in (32, 64) if b < seq[-1]} | set(seq)))
-    return segments.make_segment_fns(
-        setup.graphdef,
-        cfg,
-        seg_buckets=seg,
-        cache_buckets=seq,
-        remat=bool(c.model.remat),
-        lora=setup.lora,
-        temperature=float(c.rollout.temperature),
-        cache_dtype=c.model.dtype,
-        pad_id=setup.pad_id,
-    )
-
-
 def make_learner(setup: LearnerSetup) -> BatchLearner:
     c = setup.config
     acc, reg_fn = _terms.with_regularizers(
@@ -272,7 +250,7 @@ def make_learner(setup: LearnerSetup) -> BatchLearner:
         _terms.score_grad_fn(setup),
         setup.pad_id,
         reg_fn,
-        segment_fns=None if granularity == "trajectory" else segment_fns_for(setup),
+        segment_fns=None if granularity == "trajectory" else _terms.segment_fns_for(setup),
         granularity=granularity,
         schedule=schedules.get(c.schedule),
     )
