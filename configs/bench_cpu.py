@@ -56,6 +56,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # only add padding (rows to a power of two, lengths to the longest). Raise it to pack.
     c.max_chunk_tokens = 1
     c.calibration_reps = 7
+    c.algorithm = "grpo"  # or "opd" (the `opd` variant): multi-turn traces, segment learner
+    c.turns_sigma = 1.0  # OPD: spread of log turn counts (heavy tail)
+    c.opd = ml_collections.ConfigDict(
+        dict(
+            mean_turns=6.0,
+            granularity="auto",  # "turn" | "trajectory" | "auto" (per schedule, by prediction)
+            seg_buckets=(16, 32, 64),
+            cache_buckets=(64, 128, 256),
+        )
+    )
     c.sweep = ml_collections.ConfigDict(dict(balances=(), sigmas=(0.5, 1.5), group_iccs=(0.0, 0.6)))
     if arg == "tiny":
         c.num_groups = 4
@@ -73,6 +83,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.warmup = 1  # re-balances the trace at the replays' speed (see bench/schedules/_run.py)
         c.seeds = (0, 1)
         c.calibration_reps = 3
+    elif arg in ("opd", "opd_tiny"):
+        c.algorithm = "opd"
+        c.mean_tokens = 24  # per turn (segment: tool output + response, half scored)
+        c.num_groups = 8
+        c.group_size = 4
+        c.rounds = 9
+        c.calibration_reps = 3
+        if arg == "opd_tiny":
+            c.num_groups, c.group_size = 2, 2
+            c.mean_tokens = 8
+            c.opd.mean_turns = 3.0
+            c.opd.seg_buckets = (8, 16)
+            c.opd.cache_buckets = (16, 32, 64)
+            c.seq_buckets = (32, 64)
+            c.rounds, c.warmup, c.seeds, c.calibration_reps = 1, 0, (0,), 1
     elif arg not in (None, ""):
-        raise ValueError(f"configs/bench_cpu.py: unknown variant {arg!r}; valid: tiny, sweep")
+        raise ValueError(
+            f"configs/bench_cpu.py: unknown variant {arg!r}; valid: tiny, sweep, opd, opd_tiny"
+        )
     return c
