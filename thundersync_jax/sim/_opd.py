@@ -124,7 +124,8 @@ class SegmentCost:
       fits: per call kind, least-squares coefficients on (1, T, T·S) for direct and sweep
         calls (T padded tokens, S cache slots attended) and (1, L, L²) for one-shot calls:
         the price of a shape never timed.
-      overhead_s: the learner loop's own time per chunk (planner, queue poll, bookkeeping).
+      overhead_s: the learner loop's own time per `turn` chunk (planner, queue poll, host
+        copies, accumulator add); one-shot prices are whole chunks timed end to end.
       opt_s: finalize + optimizer step.
       seg_buckets, cache_buckets, seq_buckets: the learner's padding.
     """
@@ -192,7 +193,7 @@ def item_costs(trace: Sequence[OpdTurn], granularity: str, cost: SegmentCost) ->
     for tid, turns in trajectories(trace).items():
         if granularity == "trajectory":
             key = one_shot_call(turns, cost.seq_buckets)
-            out[f"{tid:09d}"] = cost.call_s(key) + cost.overhead_s
+            out[f"{tid:09d}"] = cost.call_s(key)  # timed as whole chunks: overhead included
             continue
         calls_per_turn = segment_calls(turns, cost.seg_buckets, cost.cache_buckets)
         for t, calls in zip(turns, calls_per_turn, strict=True):

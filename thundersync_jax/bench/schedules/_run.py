@@ -36,7 +36,6 @@ from thundersync_jax.bench.schedules._learner import (
     fit_cost,
     learner_from_config,
 )
-from thundersync_jax.bench.schedules._opd_learner import opd_learner_from_config
 from thundersync_jax.bench.schedules._opd_run import run_opd_seed
 from thundersync_jax.bench.schedules._replay import (
     RoundResult,
@@ -248,12 +247,8 @@ def run_benchmark(
     algorithm = config.get("algorithm", "grpo")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not valid; choose one of {ALGORITHMS}")
-    if algorithm == "opd":
-        learner = learner or opd_learner_from_config(config)
-        run_seed = run_opd_seed
-    else:
-        learner = learner or learner_from_config(config)
-        run_seed = _run_seed
+    learner = learner or learner_from_config(config)
+    run_seed = run_opd_seed if algorithm == "opd" else _run_seed
     with frozen_heap():  # cheap collections between timed passes (see _gc.py)
         per_seed = [run_seed(learner, config, int(seed)) for seed in config.seeds]
     summary = _summarize(per_seed, list(config.schedules))
