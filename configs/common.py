@@ -66,6 +66,16 @@ def get_base_config() -> ml_collections.ConfigDict:
             std_ddof=1,
             max_len=0,  # for seq-mean-token-sum-norm; 0 = rollout.max_traj_tokens
             max_open_groups=0,  # 0 = no cap
+            # OPD: trajectories whose learner KV cache is kept at once (0 = no cap); turns of a
+            # new trajectory wait while that many are open (backpressure, never OOM).
+            max_open_trajectories=0,
+            # OPD: turn = per-turn segments over the learner's cache (linear cost, streams);
+            # trajectory = one gradient when the trajectory ends; auto = trajectory under
+            # sync, turn otherwise.
+            opd_granularity="turn",
+            # GRPO: forward and backpropagate each group's prompt once (learner KV cache,
+            # prompt-sized cotangent tallies); exact for affine estimators, others fall back.
+            shared_prompt=False,
             kl_coef=0.0,
             kl_estimator="k3",  # k1 | k3
             entropy_coef=0.0,

@@ -191,11 +191,28 @@ def _opd_config(schedule, steps, base):
 @pytest.fixture(scope="module")
 def opd_runs(tmp_path_factory):
     # group is left to tests/algorithms/opd_test.py (the same planner path, no engines)
-    return _run_every_schedule(
-        _opd_config, tmp_path_factory.mktemp("opd"), ("sync", "stream", "async")
-    )
+    base = tmp_path_factory.mktemp("opd")
+    runs = _run_every_schedule(_opd_config, base, ("sync", "stream", "async"))
+    # One gradient per trajectory when it ends, instead of per-turn segments (the default).
+    c = _opd_config("stream", STEPS, base)
+    c.rl.opd_granularity = "trajectory"
+    runs["trajectory"] = str(base / "trajectory")
+    train.run(c, runs["trajectory"])
+    return runs
 
 
 def test_opd_schedules_reach_the_same_parameters(opd_runs):
+    # Per-turn streamed OPD (segments over the learner's cache, the default granularity) vs
+    # sync: same parameters within 1e-3 of the update, identical tokens and reverse_kl.
     _assert_schedules_agree(opd_runs, ("tokens", "reverse_kl", "turns", "reward_mean"))
     assert all(np.isfinite(m["reverse_kl"]) for m in _metrics(opd_runs["async"]))
+    sync = _metrics(opd_runs["sync"])
+    # `trajectory` granularity: the same update
+    init, ref = _final(opd_runs["init"]), _final(opd_runs["sync"])
+    d = _dist(_final(opd_runs["trajectory"]), ref)
+    assert d <= 1e-3 * _dist(ref, init), d
+    traj_m = _metrics(opd_runs["trajectory"])
+    assert [m["tokens"] for m in traj_m] == [m["tokens"] for m in sync]
+    # the open trajectories' learner caches are counted (`trajectory` keeps none)
+    for with_caches, without in zip(sync, traj_m, strict=True):
+        assert with_caches["accum_bytes_peak"] > without["accum_bytes_peak"]

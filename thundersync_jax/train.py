@@ -272,6 +272,8 @@ def _train_step(run: _Run, step: int, state, pending):
         run.algo.max_chunk_tokens(config),
         rl.max_open_groups or None,
         max_chunk_items=1 if rl.deterministic else None,
+        # Each open OPD trajectory keeps a learner KV cache: cap them (backpressure).
+        max_open_members=int(rl.get("max_open_trajectories", 0)) or None,
     )
     planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
 
@@ -316,7 +318,9 @@ def _train_step(run: _Run, step: int, state, pending):
     out.update(
         step=step,
         open_groups_peak=int(planner.open_groups_peak),
-        accum_bytes_peak=int(components.tree_bytes(run.learner.accumulator_state(batch))),
+        # The tallies plus what the learner kept beside them (OPD: open trajectories' caches).
+        accum_bytes_peak=int(components.tree_bytes(run.learner.accumulator_state(batch)))
+        + int(run.learner.kept_bytes_peak(batch)),
         compiles=int(run.learner.compiles() - compiles_before),
         grad_norm=float(grad_norm),
         update_skipped=not bool(applied),

@@ -142,3 +142,59 @@ def test_a_trajectory_that_mixes_policy_versions_is_refused_in_every_schedule(se
     item = WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)
     with pytest.raises(StalePolicyError, match=r"mixes policy versions \[2, 3\]"):
         learner.process(learner.init(params, 3, enforce_version=False), [item])
+
+
+@dataclasses.dataclass
+class _PromptedTraj(_Traj):
+    prompt_len: int = 0
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "batch"])
+def test_shared_prompts_match_synchronous_reference(setup, tiny_policy, advantage):
+    """`rl.shared_prompt`: each group's prompt forwarded and backpropagated once, members'
+    prompt cotangents in two tallies: the same update as per-member full-trajectory chunks."""
+    from thundersync_jax.algorithms import _grpo_prompts
+    from thundersync_jax.learner import segments
+
+    params, score_fn, _ = setup
+    cfg, graphdef, _ = tiny_policy(0)
+    rng = np.random.default_rng(3)
+    trajs = {}
+    for k in range(K):
+        prompt = rng.integers(1, cfg.vocab_size, size=int(rng.integers(3, 9))).astype(np.int32)
+        for m in range(G):
+            rest = rng.integers(1, cfg.vocab_size, size=int(rng.integers(4, 20))).astype(np.int32)
+            tokens = np.concatenate([prompt, rest])
+            mask = np.zeros(len(tokens), np.float32)
+            mask[len(prompt) :] = 1
+            mask[len(prompt) + 2 : len(prompt) + 4] = 0  # an observation inside the completion
+            trajs[(k, m)] = _PromptedTraj(
+                tokens, mask, float(rng.integers(0, 3)), (0,), len(prompt)
+            )
+    ref_in = []
+    for (k, _m), tr in sorted(trajs.items()):
+        h, n = score_fn(params, tr.tokens[None], tr.loss_mask[None])
+        ref_in.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+    kw = dict(advantage=advantage, loss_agg="seq-mean-token-mean", max_len=32)
+    want = accumulators.reference.grpo_gradient(ref_in, **kw)
+    acc = accumulators.grpo(num_groups=K, group_size=G, **kw)
+    assert _grpo_prompts.uses_shared_prompts(acc, None, deterministic=False)
+    fns = segments.make_segment_fns(graphdef, cfg, seg_buckets=(8, 32), cache_buckets=(32,))
+    learner = _grpo_prompts.batch_learner(acc, fns, G)
+    keys = sorted(trajs)
+    for schedule in ("stream", "sync"):
+        q: queue.Queue = queue.Queue()
+        for t, i in enumerate(rng.permutation(len(keys))):
+            k, m = keys[i]
+            tr = trajs[(k, m)]
+            q.put(
+                WorkItem(f"g{k}m{m}", k, tr.reward, int(tr.loss_mask.sum()), float(t), tr, True, m)
+            )
+        planner = Planner(schedule, K, G, max_chunk_tokens=64)
+        state, _ = run_learner_batch(planner, q, learner.init(params, 0), learner.process)
+        if advantage == "grpo":
+            assert not state.groups  # each prompt was backpropagated as its group completed
+        state = learner.close_groups(state, set())
+        err = accumulators.reference.relative_error(learner.finalize(state), want)
+        assert err < 1e-5, (schedule, err)
+        assert learner.kept_bytes_peak(state) > 0

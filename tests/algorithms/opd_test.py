@@ -20,7 +20,7 @@ from thundersync_jax import accumulators, losses, train
 from thundersync_jax.algorithms import opd
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.algorithms.opd import TurnPayload
-from thundersync_jax.learner import chunks
+from thundersync_jax.learner import chunks, segments
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule.config_check import ConfigError
@@ -86,12 +86,26 @@ def setup():
     return graphdef, params, trajs
 
 
-@pytest.fixture(scope="module")
-def learner(setup):
-    """One learner for every run of the module, so its jitted functions compile once."""
-    graphdef, _, _ = setup
+def _learner(graphdef, granularity):
     score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(WIDTH,), pad_id=0)
-    return opd.batch_learner(accumulators.opd(), score_fn, pad_id=0)
+    seg_fns = segments.make_segment_fns(
+        graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,)
+    )
+    return opd.batch_learner(
+        accumulators.opd(), score_fn, pad_id=0, segment_fns=seg_fns, granularity=granularity
+    )
+
+
+@pytest.fixture(scope="module")
+def learners(setup):
+    """One learner per granularity for the whole module, so each compiles once."""
+    graphdef, _, _ = setup
+    return {g: _learner(graphdef, g) for g in ("turn", "trajectory")}
+
+
+@pytest.fixture(scope="module")
+def learner(learners):
+    return learners["turn"]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +130,7 @@ def _reference(graphdef, params, trajs):
     return jax.jit(jax.grad(objective))(params), n_total
 
 
-def _arrivals(trajs, seed):
+def _arrivals(trajs, seed, counted=True):
     """Every turn as a WorkItem, member-closing items after their member's turns, shuffled
     under that constraint (turns of different members interleave)."""
     rng = np.random.default_rng(seed)
@@ -128,7 +142,9 @@ def _arrivals(trajs, seed):
             s, e = spans[j]
             payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j))
             items.append(WorkItem(f"g{k}m{m}t{j}", k, 0.0, e - s, 0.0, payload, False, m))
-        end = MemberEnd(float(k), None)  # group 0's rewards tie, group 1's too
+        # group 0's rewards tie, group 1's too; without the turn count the trajectory closes
+        # at the batch end (close_groups)
+        end = MemberEnd(float(k), None, len(spans) if counted else None)
         items.append(WorkItem(f"g{k}m{m}end", k, 0.0, 0, 0.0, end, True, m))
         per_member.append(items)
     out = []
@@ -140,13 +156,17 @@ def _arrivals(trajs, seed):
     return out
 
 
-def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9):
+def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9, counted=True, **planner):
     q: queue.Queue = queue.Queue()
-    for it in _arrivals(trajs, seed):
+    for it in _arrivals(trajs, seed, counted):
         q.put(it)
-    planner = Planner(schedule, K, G, max_chunk_tokens)
+    planner = Planner(schedule, K, G, max_chunk_tokens, **planner)
     batch = learner.init(params, 0)
     batch, stats = run_learner_batch(planner, q, batch, learner.process, timeout_s=5)
+    if counted:
+        assert not batch.open  # every trajectory closed as its last turn came in
+    batch = learner.close_groups(batch, set())
+    stats.planner = planner
     return learner.finalize(batch), learner.metrics(batch), stats
 
 
@@ -158,14 +178,23 @@ def _rel_err(a, b) -> float:
 
 
 @pytest.mark.parametrize(
-    "schedule,seed", [("stream", 0), ("stream", 1), ("sync", 2), ("group", 4), ("async", 5)]
+    "granularity,schedule,seed",
+    [
+        ("turn", "stream", 0),
+        ("turn", "stream", 1),
+        ("turn", "sync", 2),
+        ("turn", "group", 4),
+        ("turn", "async", 5),
+        ("trajectory", "stream", 0),
+        ("trajectory", "sync", 2),
+    ],
 )
 def test_streamed_turns_equal_synchronous_full_trajectory_update(
-    setup, learner, reference, schedule, seed
+    setup, learners, reference, granularity, schedule, seed
 ):
     _, params, trajs = setup
     ref, n_total = reference
-    grads, metrics, stats = _run(learner, params, trajs, schedule, seed)
+    grads, metrics, stats = _run(learners[granularity], params, trajs, schedule, seed)
     assert metrics["tokens"] == n_total
     assert metrics["turns"] == sum(len(spans) for _, spans, _ in trajs.values())
     assert metrics["reward_mean"] == 0.5 and metrics["mixed_groups"] == 0
@@ -173,6 +202,34 @@ def test_streamed_turns_equal_synchronous_full_trajectory_update(
         assert stats.chunks > K  # the turns really were processed in pieces
     assert _rel_err(grads, ref) <= 1e-5
     assert float(sum(jnp.sum(g**2) for g in jax.tree.leaves(ref))) > 0
+
+
+def test_open_trajectory_cap_and_uncounted_ends_give_the_same_update(setup, learner, reference):
+    """At most 1 trajectory cache kept at a time (backpressure), and ends without a turn
+    count (closed at the batch end) still give the synchronous update; the kept bytes are
+    those of the open caches."""
+    _, params, trajs = setup
+    ref, _ = reference
+    grads, metrics, stats = _run(learner, params, trajs, "stream", 6, max_open_members=1)
+    assert stats.planner.open_members_peak == 1
+    assert _rel_err(grads, ref) <= 1e-5
+    grads, _, _ = _run(learner, params, trajs, "stream", 7, counted=False)
+    assert _rel_err(grads, ref) <= 1e-5
+
+
+def test_kept_bytes_count_the_open_caches(setup, learner):
+    _, params, trajs = setup
+    items = [it for it in _arrivals(trajs, 8) if it.group == 0 and it.member == 0]
+    turns = sorted((it for it in items if isinstance(it.payload, TurnPayload)),
+                   key=lambda it: it.payload.turn)  # fmt: skip
+    batch = learner.process(learner.init(params, 0), turns[:1])
+    (traj,) = batch.open.values()
+    # k, v in float32 and dk, dv in float32: [L, 1, S, K, H] each
+    assert traj.nbytes == 4 * 4 * CFG.num_hidden_layers * WIDTH * CFG.num_key_value_heads * 8
+    assert learner.kept_bytes_peak(batch) == traj.nbytes
+    end = next(it for it in items if isinstance(it.payload, MemberEnd))
+    batch = learner.process(batch, [*turns[1:], end])
+    assert not batch.open and learner.kept_bytes_peak(batch) == traj.nbytes
 
 
 def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learner):

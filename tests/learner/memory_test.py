@@ -97,3 +97,24 @@ def test_mesh_must_match_learner_gpus():
     c.node.learner_gpus = 4
     with pytest.raises(ValueError, match="learner_gpus=4"):
         memory.plan(c)
+
+
+def test_segment_caches_are_planned_for_open_opd_trajectories():
+    """The plan's segment bytes are what the learner's real caches hold (`Trajectory.nbytes`),
+    times the open-trajectory cap; `trajectory` granularity and GRPO keep none."""
+    from thundersync_jax.learner import segments
+
+    c = _tiny_config(1, 1)
+    c.node.rollout_gpus, c.node.learner_gpus = 7, 1
+    assert memory.plan(c).segments == 0  # GRPO
+    c.rl.algorithm = "opd"
+    c.rl.max_open_trajectories = 3
+    plan = memory.plan(c)
+    cfg = qwen3.Qwen3Config.from_config_dict(c.model)
+    graphdef = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))), nnx.Param)[0]
+    fns = segments.make_segment_fns(graphdef, cfg, cache_buckets=tuple(c.learner.seq_buckets))
+    one = fns.open(int(c.rollout.max_traj_tokens)).nbytes
+    assert plan.open_trajectories == 3 and plan.segments == 3 * one
+    assert "segment caches (3 trajectories)" in plan.table()
+    c.rl.opd_granularity = "trajectory"
+    assert memory.plan(c).segments == 0

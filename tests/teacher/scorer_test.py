@@ -13,6 +13,7 @@ from thundersync_jax import losses
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.embedded import EmbeddedEngine
 from thundersync_jax.teacher import TeacherScorer
+from thundersync_jax.teacher._incremental import EpisodeScoring
 
 CFG = qwen3.Qwen3Config(
     vocab_size=41,
@@ -91,3 +92,50 @@ def test_invalid_turns_and_closed_scorer_are_refused(teacher):
     scorer.close()
     with pytest.raises(RuntimeError, match="closed"):
         scorer.score_turn(np.arange(5), 1, 3)
+
+
+class _ServedEngine:
+    """The engine with the server's episode calls wired as the rollout server wires them
+    (`teacher._incremental.EpisodeScoring` in front of the same backend), in-process."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.episodes = EpisodeScoring(engine)
+
+    def score(self, token_lists):
+        return self.engine.score(token_lists)
+
+    def score_turns(self, turns):
+        return self.episodes.handle("score_turns", {"turns": turns})["logprobs"]
+
+    def release_episodes(self, episodes):
+        return self.episodes.handle("release_episodes", {"episodes": episodes})["open"]
+
+
+def test_episode_turns_score_incrementally_and_release_their_caches(teacher):
+    model, engine = teacher
+    served = _ServedEngine(engine)
+    rng = np.random.default_rng(5)
+    episodes = {}
+    for name in ("a", "b", "c"):
+        tokens = rng.integers(1, CFG.vocab_size, size=16).astype(np.int32)
+        cuts = sorted(rng.choice(np.arange(2, 16), size=3, replace=False).tolist())
+        spans = [(s, e) for s, e in zip([1, *cuts[:-1]], cuts, strict=True)]
+        episodes[name] = (tokens, spans)
+    with TeacherScorer(served, num_workers=2, max_batch=4) as scorer:
+        assert scorer.incremental
+        futures = {
+            (name, j): scorer.score_turn(tokens[:e], s, e, episode=name)
+            for name, (tokens, spans) in episodes.items()
+            for j, (s, e) in enumerate(spans)
+        }
+        results = {key: f.result(timeout=120) for key, f in futures.items()}
+        assert served.episodes.teacher().open_episodes == 3  # one cache per episode
+        for name in episodes:
+            scorer.release(name)
+    assert served.episodes.teacher().open_episodes == 0
+    full = _reference(model, [tokens for tokens, _ in episodes.values()])
+    for (name, j), got in results.items():
+        s, e = episodes[name][1][j]
+        want = full[list(episodes).index(name)][s - 1 : e - 1]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

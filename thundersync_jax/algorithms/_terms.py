@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from flax import nnx
 
 from thundersync_jax.algorithms.base import LearnerSetup
-from thundersync_jax.learner import chunks, regularizers
+from thundersync_jax.learner import chunks, regularizers, segments
 
 
 def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
@@ -79,3 +80,23 @@ class TermAdder:
     @property
     def compiles(self) -> int:
         return 0 if self.fn is None else int(self.fn.compiles)
+
+
+def segment_fns_for(setup: LearnerSetup):
+    """The learner's segment passes for the run (OPD `turn` granularity, GRPO shared prompts)."""
+    c = setup.config
+    cfg = nnx.merge(setup.graphdef, setup.reference_params).cfg
+    seq = tuple(int(b) for b in c.learner.seq_buckets)
+    # Segments (an observation plus a turn) are short; a few small buckets bound the padding.
+    seg = tuple(sorted({b for b in (32, 64) if b < seq[-1]} | set(seq)))
+    return segments.make_segment_fns(
+        setup.graphdef,
+        cfg,
+        seg_buckets=seg,
+        cache_buckets=seq,
+        remat=bool(c.model.remat),
+        lora=setup.lora,
+        temperature=float(c.rollout.temperature),
+        cache_dtype=c.model.dtype,
+        pad_id=setup.pad_id,
+    )

@@ -73,10 +73,23 @@ class MemberEnd(NamedTuple):
     Attributes:
       reward: the episode's reward.
       verifier_failure: "reason: error" when a failed verifier set the reward, else None.
+      turns: turn items the member emitted (the learner closes its trajectory once all are
+        in; the planner may hand this item out before them), or None: close at batch end.
     """
 
     reward: float
     verifier_failure: str | None
+    turns: int | None = None
+
+
+class MemberLost(NamedTuple):
+    """Payload of an item queued before a `MemberFailed` (OPD): the member's turns so far.
+
+    Its scored turns still count (as in the one-shot gradient of what arrived); the learner
+    closes its trajectory (sweeps and frees its cache) once those `turns` items are in.
+    """
+
+    turns: int
 
 
 def verifier_failure(traj) -> str | None:
@@ -132,6 +145,8 @@ class BatchLearner(NamedTuple):
       metrics: state -> {metric: value} of the batch.
       compiles: () -> compilations of this learner's jitted functions so far.
       accumulator_state: state -> the accumulator's arrays (for `accum_bytes_peak`).
+      kept_bytes_peak: state -> the batch's peak device bytes kept beside the accumulator
+        (OPD: open trajectories' KV caches and cotangent buffers), added to `accum_bytes_peak`.
     """
 
     init: Callable
@@ -141,6 +156,7 @@ class BatchLearner(NamedTuple):
     metrics: Callable
     compiles: Callable[[], int]
     accumulator_state: Callable
+    kept_bytes_peak: Callable = lambda state: 0
 
 
 class LearnerSetup(NamedTuple):

@@ -6,7 +6,8 @@ jitted score-gradient call whose rows are the trajectories, row i weighted by it
 loss-aggregation weight w_i, and one `add_weighted` into the streaming accumulator
 (`accumulators.grpo`); `finalize` gives ∇L. With `rl.kl_coef` / `rl.entropy_coef` the
 accumulator is combined with the terms and each chunk's term gradients go into their global
-tally (`algorithms._terms`).
+tally (`algorithms._terms`). `rl.shared_prompt=True` forwards and backpropagates each group's
+prompt once instead of once per member (`algorithms._grpo_prompts`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import numpy as np
 
 from thundersync_jax import accumulators
-from thundersync_jax.algorithms import _terms
+from thundersync_jax.algorithms import _grpo_prompts, _terms
 from thundersync_jax.algorithms.base import (
     Algorithm,
     BatchLearner,
@@ -149,7 +150,13 @@ def accumulator(config) -> Any:
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:
-    acc, reg_fn = _terms.with_regularizers(accumulator(setup.config), setup)
+    c = setup.config
+    acc, reg_fn = _terms.with_regularizers(accumulator(c), setup)
+    deterministic = bool(c.rl.get("deterministic", False))
+    if c.rl.get("shared_prompt", False) and _grpo_prompts.uses_shared_prompts(
+        acc, reg_fn, deterministic
+    ):
+        return _grpo_prompts.batch_learner(acc, _terms.segment_fns_for(setup), int(c.rl.group_size))
     return batch_learner(acc, _terms.score_grad_fn(setup), setup.pad_id, reg_fn)
 
 

@@ -2,37 +2,40 @@
 
 Every sampled turn goes to the teacher (its own engine process, `teacher.start_teacher`)
 while the turn's tool call runs; once scored it is a `WorkItem` (payload `TurnPayload`). A
-member is closed by one payload-free item queued after all of its turns (payload
-`MemberEnd`: its reward, for the metrics). For a chunk of turns the learner
+member is closed by one item queued after all of its turns (payload `MemberEnd`: its reward
+for the metrics and how many turns it emitted), or, when it fails, by a `MemberLost` item
+before its `MemberFailed`. The learner (DESIGN §2: log-probs from the learner's forward, never
+from the sampler; Â_t = −(log π_s − log π_T)(o_t) a plain number, no gradient through it)
+folds the turns of each trajectory in at `rl.opd_granularity` (`_opd_trajectories`):
 
-1. runs its own forward for the student's log-probs log π_s(o_t) (DESIGN §2: log-probs from
-   the learner, never from the sampler) and forms Â_t = −(log π_s − log π_T)(o_t) as plain
-   numbers, so no gradient flows through Â;
-2. takes h = Σ_t Â_t ∇ log π_s(o_t) over the turn's tokens (forward over the whole prefix,
-   loss masked to the turn);
-3. adds h and the turn's token count into `accumulators.opd()`: finalize = −(1/N) Σ h.
+* `turn` (default): each scored turn runs forward over its new tokens only, against the
+  trajectory's own KV cache at the batch θ (`learner.segments`); that forward gives log π_s for
+  Â, its direct gradient goes into `accumulators.opd()` at once, and its cached keys'/values'
+  cotangents wait in a buffer for one reverse sweep when the trajectory closes: linear cost
+  in the turn count;
+* `trajectory`: one gradient of the whole trajectory when it closes;
+* `auto`: `trajectory` under sync, `turn` otherwise (`resolve_granularity`).
 
-Because attention is causal the per-turn gradients of a trajectory sum to its full-trajectory
-gradient, so streaming turn by turn gives the batch-synchronous update. `rl.kl_coef` and
-`rl.entropy_coef` add their terms over the same scored tokens (`algorithms._terms`).
+finalize = −(1/N) Σ h over the batch's N scored tokens: the batch-synchronous update in every
+schedule and granularity. `rl.kl_coef` and `rl.entropy_coef` add their terms over the
+trajectory's scored tokens when it closes (`algorithms._terms`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
-import hashlib
-import os
-import shutil
-import time
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 
-from thundersync_jax import accumulators, teacher
+from thundersync_jax import accumulators
+from thundersync_jax.algorithms import _opd_trajectories as _trajs
 from thundersync_jax.algorithms import _terms
+from thundersync_jax.algorithms._opd_episodes import (  # noqa: F401  (re-exported)
+    TEACHER,
+    TurnPayload,
+    episode_work,
+    start_teacher,
+)
 from thundersync_jax.algorithms.base import (
     Algorithm,
     BatchLearner,
@@ -40,64 +43,14 @@ from thundersync_jax.algorithms.base import (
     BatchTally,
     LearnerSetup,
     MemberEnd,
+    MemberLost,
     item_lag,
     tally_metrics,
-    verifier_failure,
 )
-from thundersync_jax.learner import buckets
 from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
-from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
-
-TEACHER = "teacher"  # timeline kind: one turn's teacher scoring (sampled → scored)
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnPayload:
-    """What the learner needs for one scored turn.
-
-    Attributes:
-      tokens: int32 [L], the trajectory up to the turn's last sampled token.
-      loss_mask: bool [L], True on this turn's sampled tokens only.
-      teacher_logprobs: float32 [L], log π_T of each masked token (0 elsewhere).
-      policy_version: version of the student weights that sampled the turn.
-      turn: the turn's index in its episode.
-    """
-
-    tokens: np.ndarray
-    loss_mask: np.ndarray
-    teacher_logprobs: np.ndarray
-    policy_version: int
-    turn: int
-
-    @classmethod
-    def from_turn(
-        cls,
-        tokens: Sequence[int],
-        turn_start: int,
-        teacher_logprobs: Sequence[float],
-        policy_version: int,
-        turn: int,
-    ) -> TurnPayload:
-        """From the trajectory so far and the teacher's log-probs of the turn at `turn_start`."""
-        t_lp = np.asarray(teacher_logprobs, np.float32).reshape(-1)
-        end = turn_start + len(t_lp)
-        prefix = np.asarray(tokens, np.int32)[:end]
-        if len(prefix) != end or turn_start < 1 or not len(t_lp):
-            raise ValueError(
-                f"turn at {turn_start} with {len(t_lp)} scored tokens does not fit a "
-                f"{len(tokens)}-token trajectory (need 1 <= start, start + n <= length, n >= 1)"
-            )
-        mask = np.zeros(end, bool)
-        mask[turn_start:end] = True
-        full_lp = np.zeros(end, np.float32)
-        full_lp[turn_start:end] = t_lp
-        return cls(prefix, mask, full_lp, int(policy_version), int(turn))
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.loss_mask.sum())
 
 
 class OpdState(NamedTuple):
@@ -107,8 +60,12 @@ class OpdState(NamedTuple):
       acc: the accumulator's state (`accumulators.opd`, combined with terms when enabled).
       policy: the batch's policy (params, base, version).
       tally: tokens, rewards, lags (per turn) and verifier failures so far.
-      turns: scored turns folded in.
+      turns: scored turns that arrived.
       reverse_kl_sum: Σ over scored tokens of (log π_s − log π_T)(o_t), float64.
+      open: (group, member) -> `OpenTrajectory`, the trajectories not yet closed (a new dict
+        per state: states are never mutated).
+      kept_bytes_peak: peak device bytes of the open trajectories' caches and buffers.
+      granularity: this batch's `rl.opd_granularity`, resolved ("turn" or "trajectory").
     """
 
     acc: Any
@@ -116,17 +73,78 @@ class OpdState(NamedTuple):
     tally: BatchTally
     turns: int
     reverse_kl_sum: float
+    open: dict = {}
+    kept_bytes_peak: int = 0
+    granularity: str = "turn"
 
 
-def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearner:
-    """The OPD `BatchLearner` over `accumulators.opd()` (token-mean) and `score_fn`."""
+def batch_learner(
+    acc,
+    score_fn,
+    pad_id: int,
+    regularizer_fn=None,
+    *,
+    segment_fns=None,
+    granularity: str = "turn",
+    schedule=None,
+) -> BatchLearner:
+    """The OPD `BatchLearner` over `accumulators.opd()` (token-mean).
+
+    Args:
+      score_fn: the score-gradient chunk function (`trajectory` granularity).
+      segment_fns: `learner.segments.SegmentFns` of the same model (`turn` granularity).
+      granularity: `rl.opd_granularity` (see `_opd_trajectories`); `auto` resolves per batch
+        from `schedule`.
+      schedule: the run's `schedules.Schedule` (for `auto`).
+    """
+    granularity = _trajs.check_granularity(granularity)
+    if granularity != "trajectory" and segment_fns is None:
+        raise ValueError(f"opd_granularity={granularity!r} needs segment_fns (learner.segments)")
     logprob_fn = TokenLogprobFn(score_fn)
     add = jax.jit(acc.add_weighted, donate_argnums=0)
     add_terms = _terms.TermAdder(acc, regularizer_fn)
+    folders = {"trajectory": _trajs.WholeTrajectory(score_fn, logprob_fn, add, pad_id)}
+    if segment_fns is not None:
+        folders["turn"] = _trajs.TurnSegments(segment_fns, add)
 
     def init(params, version: int, base_params=None, enforce_version: bool = True) -> OpdState:
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
-        return OpdState(acc.init(params), policy, BatchTally(), 0, 0.0)
+        chosen = resolve_granularity(granularity, schedule)
+        return OpdState(acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0, chosen)
+
+    def advance(state: OpdState, key, flush_all: bool = False) -> OpdState:
+        """Folds in the member's turns that can go now; closes it once it is complete."""
+        folder = folders[state.granularity]
+        opened = dict(state.open)
+        traj = opened[key]
+        closing = flush_all or traj.complete
+        traj, ready = _trajs.ready_turns(traj, flush=closing)
+        acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
+        for payload in ready:
+            traj, folded = folder.fold(state.policy, acc_state, traj, payload)
+            acc_state, tokens = folded.acc, tokens + folded.tokens
+            log_ratio += folded.log_ratio_sum
+            opened[key] = traj
+            peak = max(peak, sum(t.nbytes for t in opened.values()))
+        if closing:
+            folded = folder.close(state.policy, acc_state, traj)
+            acc_state, tokens = folded.acc, tokens + folded.tokens
+            log_ratio += folded.log_ratio_sum
+            if traj.scored.any():  # the terms over every scored token, one full forward
+                p = state.policy
+                acc_state = add_terms(
+                    acc_state, p.params, p.base_params, traj.seen[None], traj.scored[None], None
+                )
+            del opened[key]
+        else:
+            opened[key] = traj
+        return state._replace(
+            acc=acc_state,
+            tally=state.tally.add(tokens=tokens),
+            reverse_kl_sum=state.reverse_kl_sum + log_ratio,
+            open=opened,
+            kept_bytes_peak=peak,
+        )
 
     def process(state: OpdState, chunk: list[WorkItem]) -> OpdState:
         p = state.policy
@@ -139,31 +157,43 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
                 if it.payload.verifier_failure is not None
             ],
         )
-        turns = [it for it in chunk if isinstance(it.payload, TurnPayload)]
-        if not turns:  # member-closing items alone are no learner work
-            return state._replace(tally=tally)
-        lags = [item_lag(p, [it.payload.policy_version], f"turn {it.item_id}") for it in turns]
-        payloads = [it.payload for it in turns]
-        tokens, mask, teacher_lp = buckets.pack_sequences(
-            [q.tokens for q in payloads],
-            [q.loss_mask for q in payloads],
-            [q.teacher_logprobs for q in payloads],
-            pad_id=pad_id,
-        )
-        student_lp = logprob_fn(p.params, tokens, p.base_params)
-        # Â_t = −(log π_s − log π_T)(o_t): numbers from the learner's forward, no gradient.
-        advantage = np.where(mask > 0, teacher_lp - student_lp, 0.0).astype(np.float32)
-        h, n = score_fn(p.params, tokens, mask, advantage, base_params=p.base_params)
-        acc_state = add(state.acc, h, n, len(turns))
-        acc_state = add_terms(acc_state, p.params, p.base_params, tokens, mask, None)
-        jax.block_until_ready(acc_state)  # timings measure the work (see algorithms.grpo)
-        return OpdState(
-            acc_state,
-            p,
-            tally.add(tokens=n, lags=lags),
-            state.turns + len(turns),
-            state.reverse_kl_sum + float(-np.sum(advantage, dtype=np.float64)),
-        )
+        opened = dict(state.open)
+        touched = []
+        turns = 0
+        for it in chunk:
+            key = (it.group, it.member)
+            traj = opened.get(key, _trajs.OpenTrajectory())
+            if isinstance(it.payload, TurnPayload):
+                lag = item_lag(p, [it.payload.policy_version], f"turn {it.item_id}")
+                tally = tally.add(lags=[lag])
+                traj = _trajs.hold(traj, it.payload)
+                turns += 1
+            elif isinstance(it.payload, (MemberEnd, MemberLost)):
+                if it.payload.turns is None:  # no count: closed at the batch end
+                    continue
+                traj = traj._replace(expected=int(it.payload.turns))
+            opened[key] = traj
+            touched.append(key)
+        state = state._replace(tally=tally, open=opened, turns=state.turns + turns)
+        for key in dict.fromkeys(touched):  # first-touch order: fixed by the chunk
+            state = advance(state, key)
+        jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
+        return state
+
+    def close_groups(state: OpdState, groups) -> OpdState:
+        """Closes every trajectory still open (members lost without a count, or no count)."""
+        del groups  # OPD has no group coupling; whatever is open closes at the batch end
+        for key in sorted(state.open):
+            state = advance(state, key, flush_all=True)
+        return state
+
+    def finalize(state: OpdState):
+        if state.open:
+            raise ValueError(
+                f"{len(state.open)} OPD trajectories are still open {sorted(state.open)[:4]}: "
+                "call close_groups before finalize"
+            )
+        return acc.finalize(state.acc)
 
     def metrics(state: OpdState) -> dict:
         out = tally_metrics(state.tally)
@@ -174,25 +204,56 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         out.update(reverse_kl=round(kl, 6), turns=int(state.turns))
         return out
 
+    def compiles() -> int:
+        seg = 0 if segment_fns is None else int(segment_fns.compiles)
+        return int(score_fn.compiles) + logprob_fn.compiles + add_terms.compiles + seg
+
     return BatchLearner(
         init=init,
         process=process,
-        close_groups=lambda state, groups: state,  # OPD has no group coupling
-        finalize=lambda state: acc.finalize(state.acc),
+        close_groups=close_groups,
+        finalize=finalize,
         metrics=metrics,
-        compiles=lambda: int(score_fn.compiles) + logprob_fn.compiles + add_terms.compiles,
+        compiles=compiles,
         accumulator_state=lambda state: state.acc,
+        kept_bytes_peak=lambda state: int(state.kept_bytes_peak),
     )
+
+
+def resolve_granularity(granularity: str, schedule) -> str:
+    """`turn` or `trajectory` for one batch; `auto` asks the schedule.
+
+    `auto` (kept simple): `trajectory` under a schedule that runs learner work only once the
+    whole batch is in (sync: nothing can overlap the rollouts, and one one-shot gradient per
+    trajectory is about half the work of direct passes plus a sweep), `turn` under every
+    other schedule (the learner works while tool calls run; the tail after the last score is
+    one turn's direct pass plus the sweep).
+    """
+    if granularity != "auto":
+        return granularity
+    if schedule is not None and schedule.ready_when == "batch":
+        return "trajectory"
+    return "turn"
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:
+    c = setup.config
     acc, reg_fn = _terms.with_regularizers(
         accumulators.opd(
-            loss_agg="token-mean", deterministic=bool(setup.config.rl.get("deterministic", False))
+            loss_agg="token-mean", deterministic=bool(c.rl.get("deterministic", False))
         ),
         setup,
     )
-    return batch_learner(acc, _terms.score_grad_fn(setup), setup.pad_id, reg_fn)
+    granularity = str(c.rl.get("opd_granularity", "turn"))
+    return batch_learner(
+        acc,
+        _terms.score_grad_fn(setup),
+        setup.pad_id,
+        reg_fn,
+        segment_fns=None if granularity == "trajectory" else _terms.segment_fns_for(setup),
+        granularity=granularity,
+        schedule=schedules.get(c.schedule),
+    )
 
 
 def check_config(config) -> None:
@@ -203,6 +264,10 @@ def check_config(config) -> None:
             f"rl.loss_agg={config.rl.loss_agg!r}: OPD is −(1/N) Σ over scored tokens; use "
             "'token-mean'"
         )
+    try:
+        _trajs.check_granularity(config.rl.get("opd_granularity", "turn"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if config.get("teacher") is None:
         raise ConfigError(
             "rl.algorithm='opd' needs a `teacher` section (see configs/terminal_opd_cpu.py)"
@@ -212,66 +277,6 @@ def check_config(config) -> None:
             "teacher.checkpoint is empty and teacher.sft_steps < 1: give a teacher checkpoint "
             "or train the embedded teacher for >= 1 step"
         )
-
-
-def start_teacher(config, student_cfg, examples, workdir: str) -> teacher.TeacherService:
-    """The teacher in its own engine process (trained on `examples()` unless a checkpoint)."""
-    # Its own directory beside the student's snapshots (one teacher version, never replaced).
-    tag = hashlib.sha1(workdir.encode()).hexdigest()[:8]
-    if jax.process_count() > 1:  # each learner process runs its own teacher (DESIGN §7)
-        tag += f"-p{jax.process_index()}"
-    root = os.path.join(config.rollout.snapshot_root, f"{os.path.basename(workdir)}-{tag}-teacher")
-    cache = config.sft.cache_dir or workdir
-    # A previous process of this run (killed, now resumed) left its teacher's v0 here, and
-    # publishing never overwrites a version: no engine reads it any more.
-    shutil.rmtree(root, ignore_errors=True)
-    return teacher.start_teacher(config, student_cfg, examples, cache, root)
-
-
-def episode_work(service: teacher.TeacherService, timeline) -> EpisodeWork:
-    """Turns go to the teacher as they are sampled; a member closes after its last turn."""
-
-    def on_turn(k, m, traj, turn, emit) -> concurrent.futures.Future:
-        sampled_at = time.perf_counter()
-        scored = service.scorer.score_turn(traj.tokens[: turn.end], turn.start, turn.end)
-        queued: concurrent.futures.Future = concurrent.futures.Future()
-        tokens = traj.tokens[: turn.end].copy()
-
-        def deliver(f: concurrent.futures.Future) -> None:
-            try:
-                payload = TurnPayload.from_turn(
-                    tokens, turn.start, f.result(), turn.policy_version, turn.index
-                )
-            except Exception as e:  # the teacher failed this turn: the member is lost
-                queued.set_exception(e)
-                return
-            now = time.perf_counter()
-            timeline.record(TEACHER, sampled_at, now, group=k, member=m, turn=turn.index)
-            emit(
-                WorkItem(
-                    f"g{k}m{m}t{turn.index}",
-                    k,
-                    0.0,
-                    payload.num_tokens,
-                    now - timeline.start_s,
-                    payload=payload,
-                    closes_member=False,
-                    member=m,
-                )
-            )
-            queued.set_result(None)
-
-        scored.add_done_callback(deliver)
-        return queued
-
-    def finish(k, m, traj, arrival_s) -> WorkItem:
-        reward = float(traj.reward if traj.reward is not None else 0.0)
-        # Reward 0.0 in the slot key: OPD items of a group share one slot (the member's reward
-        # travels in the payload, for the metrics).
-        end = MemberEnd(reward, verifier_failure(traj))
-        return WorkItem(f"g{k}m{m}end", k, 0.0, 0, arrival_s, payload=end, member=m)
-
-    return EpisodeWork(finish=finish, on_turn=on_turn)
 
 
 ALGORITHM = Algorithm(

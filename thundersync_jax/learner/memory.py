@@ -7,7 +7,11 @@ Counts, per learner device:
   tallies      accumulator tallies, float32: 1 global + 2 per open group (the affine / two
                reward-bucket form), sharded like the params, so divided by the data-parallel size;
   lora_merged  LoRA only: the merged copy of the targeted weights the forward reads;
-  activations  one chunk's forward+backward working set (estimate, see `activation_bytes`).
+  activations  one chunk's forward+backward working set (estimate, see `activation_bytes`);
+  segments     OPD at `turn` granularity: every open trajectory's learner KV cache (cache
+               dtype) and its K/V cotangent buffers (float32), at the capacity of the longest
+               trajectory, times the open trajectories (`rl.max_open_trajectories`, else the
+               batch's K·G members); exact (`learner.segments.Trajectory.nbytes`).
 
 Param shards are exact (shapes from `jax.eval_shape` of the real model, split by the same
 logical rules as `sharding.param_specs`); activations are an estimate of the tensors XLA keeps
@@ -39,12 +43,14 @@ class MemoryPlan:
     """Per-device bytes of one learner device, and what one rollout device holds.
 
     Attributes:
-      params, grads, optimizer, tallies, lora_merged, activations: bytes per learner device.
+      params, grads, optimizer, tallies, lora_merged, activations, segments: bytes per learner
+        device.
       capacity: usable bytes per device (gpu_memory_gb · memory_headroom).
       num_params: model parameters; trainable_params: what gradients cover (adapters for LoRA).
       open_group_tallies: tallies per open group times open groups kept on the device.
       chunk_tokens: padded sequence length of the largest chunk.
       rollout_weights: bytes of bf16 weights per rollout device (tensor parallel over rollout_tp).
+      open_trajectories: OPD trajectories whose caches `segments` counts.
     """
 
     params: int
@@ -59,6 +65,8 @@ class MemoryPlan:
     open_group_tallies: int
     chunk_tokens: int
     rollout_weights: int
+    segments: int = 0
+    open_trajectories: int = 0
 
     @property
     def total(self) -> int:
@@ -69,6 +77,7 @@ class MemoryPlan:
             + self.tallies
             + self.lora_merged
             + self.activations
+            + self.segments
         )
 
     @property
@@ -84,6 +93,7 @@ class MemoryPlan:
             (f"tallies (1 + {self.open_group_tallies}, f32)", self.tallies),
             ("lora merged weights", self.lora_merged),
             (f"activations ({self.chunk_tokens} tokens)", self.activations),
+            (f"segment caches ({self.open_trajectories} trajectories)", self.segments),
             ("total learner", self.total),
             ("capacity", self.capacity),
             ("rollout weights", self.rollout_weights),
@@ -196,6 +206,22 @@ def open_groups_on_device(config: Any) -> int:
     )
 
 
+def open_trajectories_on_device(config: Any) -> int:
+    """OPD trajectories whose learner caches are kept at once (0: none kept)."""
+    if config.rl.algorithm != "opd" or config.rl.get("opd_granularity", "turn") == "trajectory":
+        return 0  # `auto` may pick `turn`: planned for the larger of the two
+    cap = int(config.rl.get("max_open_trajectories", 0))
+    members = int(config.rl.num_groups) * int(config.rl.group_size)
+    return min(cap, members) if cap else members
+
+
+def segment_cache_bytes(model_config: Any, capacity: int) -> int:
+    """One open trajectory: K, V in the compute dtype and dK, dV in float32, [L, S, K, H] each."""
+    m = model_config
+    per_slot = m.num_hidden_layers * m.num_key_value_heads * m.head_dim
+    return int(capacity * per_slot * 2 * (_dtype_bytes(m.dtype) + _F32))
+
+
 def plan(config: Any) -> MemoryPlan:
     """Memory plan for `config` (a configs/*.py ConfigDict with a `node` section)."""
     node = config.node
@@ -242,6 +268,10 @@ def plan(config: Any) -> MemoryPlan:
         open_group_tallies=open_tallies,
         chunk_tokens=chunk_tokens,
         rollout_weights=total * 2 // int(node.rollout_tp),
+        # The cache capacity is the trajectory's bucket (`segments.SegmentFns.open`).
+        segments=open_trajectories_on_device(config)
+        * segment_cache_bytes(config.model, chunk_tokens),
+        open_trajectories=open_trajectories_on_device(config),
     )
 
 

@@ -166,6 +166,19 @@ class EngineClient:
         reply = self.call(protocol.OP_SCORE, tokens=arrays, timeout_s=timeout_s)
         return [np.asarray(x, dtype=np.float32) for x in reply["logprobs"]]
 
+    def score_turns(self, turns: Sequence[dict], *, timeout_s: float | None = None) -> list:
+        """Incremental teacher log-probs: per turn {"episode", "tokens", "start", "end"},
+        float32 [end - start], from the engine's own per-episode cache (see protocol)."""
+        reply = self.call(protocol.OP_SCORE_TURNS, turns=list(turns), timeout_s=timeout_s)
+        return [np.asarray(x, dtype=np.float32) for x in reply["logprobs"]]
+
+    def release_episodes(self, episodes: Sequence[str], *, timeout_s: float | None = None) -> int:
+        """Frees the episodes' caches on the engine; returns how many stay open there."""
+        reply = self.call(
+            protocol.OP_RELEASE_EPISODES, episodes=list(episodes), timeout_s=timeout_s
+        )
+        return int(reply["open"])
+
     def health(self, *, timeout_s: float = 10.0) -> dict:
         """The server's status: version, active rows, queued requests, pid, compiles."""
         return self.call(protocol.OP_HEALTH, timeout_s=timeout_s)

@@ -236,6 +236,10 @@ class EmbeddedEngine:
             self._retired.pop()
         jax.device_put(np.zeros((), np.float32)).block_until_ready()
 
+    def model(self) -> qwen3.Qwen3:
+        """The loaded weights as a model (incremental scoring builds its programs from it)."""
+        return nnx.merge(self._graphdef, self._params, self._rest)
+
     def score(self, token_lists: Sequence[np.ndarray]) -> list[np.ndarray]:
         """log p(tokens[t] | tokens[:t]) for t >= 1 of each sequence, under the loaded weights."""
         seqs = [np.asarray(t, dtype=np.int32).reshape(-1) for t in token_lists]

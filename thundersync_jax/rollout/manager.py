@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -253,6 +254,31 @@ class EngineManager:
     def score(self, token_lists: Sequence[Sequence[int]]) -> list:
         """Per-token log-probs (see EngineClient.score) from the first engine."""
         return self._engines[0].client.score(token_lists, timeout_s=self.request_timeout_s)
+
+    def episode_engine(self, episode: str) -> int:
+        """The engine an episode's incremental scoring sticks to (its cache lives there)."""
+        return zlib.crc32(str(episode).encode()) % len(self._engines)
+
+    def score_turns(self, turns: Sequence[dict]) -> list:
+        """Incremental log-probs (EngineClient.score_turns), each episode on its own engine."""
+        out: list = [None] * len(turns)
+        by_engine: dict[int, list[int]] = {}
+        for i, t in enumerate(turns):
+            by_engine.setdefault(self.episode_engine(t["episode"]), []).append(i)
+        for e, rows in by_engine.items():
+            client = self._engines[e].client
+            lps = client.score_turns([turns[i] for i in rows], timeout_s=self.request_timeout_s)
+            for i, lp in zip(rows, lps, strict=True):
+                out[i] = lp
+        return out
+
+    def release_episodes(self, episodes: Sequence[str]) -> None:
+        """Frees the episodes' caches on their engines."""
+        by_engine: dict[int, list[str]] = {}
+        for ep in episodes:
+            by_engine.setdefault(self.episode_engine(ep), []).append(str(ep))
+        for e, eps in by_engine.items():
+            self._engines[e].client.release_episodes(eps, timeout_s=self.request_timeout_s)
 
     def health(self) -> list[dict]:
         return [eng.client.health() for eng in self._engines]

@@ -7,6 +7,10 @@ Operations a client sends (each a msgpack map with an ``op`` field, see `wire`):
     load_weights  {"call_id", "path", "version", "probe"?} -> reply {"version"} once loaded
                   (and, with a probe, verified: see load_probe)
     score         {"call_id", "tokens": [...]}   -> reply {"logprobs": [array...]}
+    score_turns   {"call_id", "turns": [{"episode", "tokens", "start", "end"}...]}
+                  -> reply {"logprobs": [array...]}: incremental, from the process's own
+                  per-episode KV cache (teacher._incremental; only new tokens are forwarded)
+    release_episodes {"call_id", "episodes": [...]} -> reply {"open"}: frees their caches
     health        {"call_id"}                    -> reply {"version", "active", "queued", ...}
     shutdown      {"call_id"}                    -> reply {}, then the server exits
 
@@ -35,7 +39,10 @@ OP_HEALTH = "health"
 OP_SHUTDOWN = "shutdown"
 OP_RESULT = "result"
 OP_REPLY = "reply"
-CALL_OPS = (OP_LOAD_WEIGHTS, OP_SCORE, OP_HEALTH, OP_SHUTDOWN)
+OP_SCORE_TURNS = "score_turns"
+OP_RELEASE_EPISODES = "release_episodes"
+EPISODE_OPS = (OP_SCORE_TURNS, OP_RELEASE_EPISODES)
+CALL_OPS = (OP_LOAD_WEIGHTS, OP_SCORE, OP_HEALTH, OP_SHUTDOWN, *EPISODE_OPS)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

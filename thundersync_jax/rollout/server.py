@@ -9,11 +9,11 @@ as its request finishes; an I/O thread owns the socket and answers health checks
 (or vLLM) is first imported by `build_backend`, inside the server process, so a parent never
 shares JAX state with an engine.
 
-Weight loads are barriers in arrival order: requests received before a `load_weights` finish on
-the old weights, requests received after it wait and run on the new ones, so every result has
-exactly one policy version. A load that carries a probe (`load_probe`) is acknowledged only after
-the engine's log-probs of the probe match the learner's; on a mismatch the call fails and the
-server refuses to sample (error results) until a later load verifies.
+Weight loads are barriers in arrival order: requests received before a `load_weights` finish on the
+old weights, requests received after it wait and run on the new ones, so every result has exactly
+one policy version. A load that carries a probe (`load_probe`) is acknowledged only after the
+engine's log-probs of the probe match the learner's; on a mismatch the call fails and the server
+refuses to sample (error results) until a later load verifies.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import zmq
 from thundersync_jax.rollout import load_probe, protocol, wire
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult, RequestError
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 INITIAL_VERSION = -1  # weights that were never published (random init or a base checkpoint)
 
 
@@ -70,6 +71,9 @@ class RolloutServer:
         self._held: list[GenerateRequest] = []  # arrived after a pending load_weights
         self._loads: list[tuple[bytes, Any, str, int, dict | None]] = []
         self._refusing: str | None = None  # why sampling is refused (a load failed its probe)
+        from thundersync_jax.teacher._incremental import EpisodeScoring  # JAX-side, lazily
+
+        self._episodes = EpisodeScoring(backend)  # incremental teacher scoring, per episode
         self._running = True
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, message) for the engine
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (identity, frame) to send
@@ -184,6 +188,8 @@ class RolloutServer:
             elif op == protocol.OP_SCORE:
                 value = {"logprobs": self.backend.score(message["tokens"])}
                 self._reply(identity, call_id, value=value)
+            elif op in protocol.EPISODE_OPS:
+                self._reply(identity, call_id, value=self._episodes.handle(op, message))
             elif op == protocol.OP_SHUTDOWN:
                 self._reply(identity, call_id, value={})
                 self._running = False
@@ -239,6 +245,7 @@ class RolloutServer:
             identity, call_id, path, version, probe = self._loads.pop(0)
             try:
                 self.backend.load_weights(path, version)
+                self._episodes.reset()
                 if probe is not None:
                     engine_lp = self.backend.score([probe["tokens"]])[0]
                     gap = load_probe.verify_probe(probe, engine_lp, version)
@@ -321,9 +328,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this parent dies")
     p.add_argument("--lora-rank", type=int, default=0, help="serve base + published adapters")
     p.add_argument("--lora-alpha", type=float, default=16.0)
-    p.add_argument(
-        "--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-    )
+    p.add_argument("--lora-targets", default=",".join(LORA_TARGETS))
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel size (vllm engine)")
     p.add_argument("--memory-fraction", type=float, default=0.9, help="of each GPU (vllm engine)")
     p.add_argument("--vllm-kwargs", default="{}", help="JSON kwargs for vllm.LLM (vllm engine)")

@@ -55,6 +55,7 @@ def check_config(c) -> None:
     _positive("rl.group_size", c.rl.group_size)
     _positive("rl.eps", c.rl.eps)
     _positive("rl.max_open_groups", c.rl.max_open_groups, allow_zero=True)
+    _positive("rl.max_open_trajectories", c.rl.get("max_open_trajectories", 0), allow_zero=True)
     _positive("rl.kl_coef", c.rl.kl_coef, allow_zero=True)
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):

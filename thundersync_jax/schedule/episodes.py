@@ -43,10 +43,14 @@ class EpisodeWork:
       finish: (group, member, trajectory, arrival_s) -> the item that closes the member
         (arrival_s: seconds from the timeline's start).
       on_turn: the per-turn hook (see `TurnHook`), or None.
+      lose: (group, member, turn items emitted, arrival_s) -> an item queued just before the
+        member's `MemberFailed` (OPD: its learner trajectory closes once those turns are in),
+        or None.
     """
 
     finish: Callable[[int, int, agent_loop.Trajectory, float], WorkItem]
     on_turn: TurnHook | None = None
+    lose: Callable[[int, int, int, float], WorkItem] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,14 +95,19 @@ def _run_member(k: int, m: int, *, ids, make_env, sampler, tok, limits, work, ou
         failures.append(f"episode: {type(e).__name__}: {e}")
     with lock:
         waiting = list(pending)
+    emitted = 0
     for fut in concurrent.futures.as_completed(waiting):  # every turn item before the close
         if fut.exception() is not None:
             failures.append(f"turn: {type(fut.exception()).__name__}: {fut.exception()}")
+        else:
+            emitted += 1
     end = time.perf_counter()
     if failures:
         reason = f"g{k}m{m}: " + "; ".join(failures)
         log.error("rollout (step %d) failed: %s", ids.step, reason)
-        out.put(MemberFailed(group=k, reason=reason))
+        if work.lose is not None:
+            out.put(work.lose(k, m, emitted, end - timeline.start_s))
+        out.put(MemberFailed(group=k, reason=reason, member=m))
         return
     reward = float(traj.reward if traj.reward is not None else 0.0)
     timeline.record(

@@ -24,10 +24,17 @@ State = TypeVar("State")
 
 @dataclasses.dataclass(frozen=True)
 class MemberFailed:
-    """A rollout that will never deliver (its retries ran out): the group shrinks."""
+    """A rollout that will never deliver (its retries ran out): the group shrinks.
+
+    Attributes:
+      group: its group.
+      reason: why, for the log.
+      member: its index in the group, when known (frees its open-trajectory slot).
+    """
 
     group: int
     reason: str
+    member: int | None = None
 
 
 @dataclasses.dataclass
@@ -68,7 +75,7 @@ def run_learner_batch(
 
     def take(item) -> None:
         if isinstance(item, MemberFailed):
-            planner.drop_member(item.group)
+            planner.drop_member(item.group, item.member)
             stats.failures.append(item.reason)
             stats.failed_groups.add(item.group)
             return

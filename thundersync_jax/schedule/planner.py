@@ -11,7 +11,11 @@ Chunks pack items of one (group, reward) slot, in priority order, up to
 `rl.deterministic`, so a call's composition is fixed by the data, never by
 timing). With `max_open_groups=M`, work of a group that has no accumulator slot
 yet waits while M groups are open (backpressure): never an out-of-memory crash,
-and never a deadlock, since open groups always complete.
+and never a deadlock, since open groups always complete. `max_open_members=T`
+does the same for members whose work comes in several items (OPD turns, each
+open trajectory holding a learner KV cache): a member is open from its first
+handed-out item until its closing item and all its other items are handed out
+(or it was dropped); items of a new member wait while T are open.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Planner:
         max_chunk_tokens: int,
         max_open_groups: int | None = None,
         max_chunk_items: int | None = None,
+        max_open_members: int | None = None,
     ):
         self.schedule = schedules.get(schedule)
         if num_groups < 1 or group_size < 1:
@@ -71,7 +76,13 @@ class Planner:
             raise ValueError(f"max_open_groups={max_open_groups} must be >= 1 or None")
         if max_chunk_items is not None and max_chunk_items < 1:
             raise ValueError(f"max_chunk_items={max_chunk_items} must be >= 1 or None")
+        if max_open_members is not None and max_open_members < 1:
+            raise ValueError(f"max_open_members={max_open_members} must be >= 1 or None")
         self.max_chunk_items = max_chunk_items
+        self.max_open_members = max_open_members
+        self._started: set[tuple[int, int]] = set()  # members with an item handed out
+        self._ended: set[tuple[int, int]] = set()  # closing item handed out, or dropped
+        self.open_members_peak = 0
         self.num_groups = num_groups
         self.group_size = group_size
         self.max_chunk_tokens = max_chunk_tokens
@@ -103,11 +114,13 @@ class Planner:
                 self._completed_at[item.group] = item.arrival_s
         self._pending.append(item)
 
-    def drop_member(self, group: int) -> None:
+    def drop_member(self, group: int, member: int | None = None) -> None:
         """A member will never arrive (its rollout failed for good): shrink the group."""
         if self._expected[group] <= self._members_in[group]:
             raise ValueError(f"group {group}: no outstanding member to drop")
         self._expected[group] -= 1
+        if member is not None:
+            self._ended.add((group, member))
         if self.group_complete(group):
             self._completed_at[group] = max(
                 (it.arrival_s for it in self._pending if it.group == group), default=0.0
@@ -139,6 +152,21 @@ class Planner:
             for k in range(self.num_groups)
             if self._members_taken[k] > 0 and self._members_taken[k] < self._expected[k]
         }
+
+    def open_members(self) -> set[tuple[int, int]]:
+        """(group, member) with items handed out whose work is not all handed out yet."""
+        waiting = {(it.group, it.member) for it in self._pending}
+        return {km for km in self._started if km not in self._ended or km in waiting}
+
+    def _member_room(self, ready: list[WorkItem]) -> tuple[list[WorkItem], int | None]:
+        """(ready items allowed by the open-member cap, new members still allowed or None)."""
+        if self.max_open_members is None:
+            return ready, None
+        open_now = self.open_members()
+        room = self.max_open_members - len(open_now)
+        if room > 0:
+            return ready, room
+        return [it for it in ready if (it.group, it.member) in open_now], 0
 
     # -- decisions --------------------------------------------------------
     def _ready(self) -> list[WorkItem]:
@@ -183,12 +211,20 @@ class Planner:
             ready = [it for it in ready if it.group in open_now]
             if not ready:
                 return []  # backpressure: wait for an open group to complete
+        ready, room = self._member_room(ready)
+        if not ready:
+            return []  # backpressure: wait for an open member (trajectory) to close
         ready.sort(key=self._priority)
         head = ready[0]
-        chunk, tokens = [], 0
+        chunk, tokens, new_members = [], 0, set()
         for it in ready:
             if it.group != head.group or it.reward != head.reward:
                 continue
+            km = (it.group, it.member)
+            if room is not None and km not in self._started and km not in new_members:
+                if len(new_members) >= room:
+                    continue
+                new_members.add(km)
             if chunk and tokens + it.num_tokens > self.max_chunk_tokens:
                 break
             if self.max_chunk_items is not None and len(chunk) >= self.max_chunk_items:
@@ -199,6 +235,12 @@ class Planner:
         self._pending = [it for it in self._pending if id(it) not in taken]
         self._members_taken[head.group] += sum(it.closes_member for it in chunk)
         self.open_groups_peak = max(self.open_groups_peak, len(self.open_groups()))
+        for it in chunk:
+            self._started.add((it.group, it.member))
+            if it.closes_member:
+                self._ended.add((it.group, it.member))
+        if self.max_open_members is not None:
+            self.open_members_peak = max(self.open_members_peak, len(self.open_members()))
         return chunk
 
     def drain(self) -> Iterable[list[WorkItem]]:

@@ -56,6 +56,8 @@ class IncrementalTeacher:
     ):
         self.graphdef, self.params = nnx.split(model, nnx.Param)
         self.cfg = model.cfg
+        # Every turn's new tokens must fit one call: the longest bucket covers the cache.
+        seq_buckets = sorted({int(b) for b in seq_buckets if b < max_len} | {int(max_len)})
         self.max_len = int(max_len)
         self.seq_buckets = buckets.validate_buckets(seq_buckets)
         self.max_episodes = int(max_episodes)
@@ -127,3 +129,56 @@ class IncrementalTeacher:
         """Frees an episode's cache (it ended or failed); unknown episodes are ignored."""
         with self._lock:
             self._episodes.pop(episode, None)
+
+
+class EpisodeScoring:
+    """The engine-process side of incremental scoring (`score_turns` / `release_episodes`).
+
+    The rollout server hands these two calls here (protocol `EPISODE_OPS`); the teacher (an
+    `IncrementalTeacher`) is built from the backend's loaded weights on first use and dropped
+    when new weights load (its caches were computed with the old ones).
+
+    Args:
+      backend: the server's engine; needs `model()` (the loaded Qwen3) and `limits`.
+      max_episodes: most episode caches open at once in this process.
+    """
+
+    def __init__(self, backend: Any, max_episodes: int = 256):
+        self.backend = backend
+        self.max_episodes = int(max_episodes)
+        self._teacher: IncrementalTeacher | None = None
+
+    def reset(self) -> None:
+        """New weights: every cache is stale (episodes start over from their prefix)."""
+        self._teacher = None
+
+    def teacher(self) -> IncrementalTeacher:
+        if self._teacher is None:
+            if not hasattr(self.backend, "model"):
+                raise ValueError(
+                    f"{type(self.backend).__name__} has no incremental scoring; serve the "
+                    "teacher with the embedded engine"
+                )
+            max_len = int(self.backend.limits.max_seq_len)
+            self._teacher = IncrementalTeacher(
+                self.backend.model(), max_len, max_episodes=self.max_episodes
+            )
+        return self._teacher
+
+    def handle(self, op: str, message: dict) -> dict:
+        """The reply value of one `score_turns` or `release_episodes` call."""
+        if op == "score_turns":
+            teacher = self.teacher()
+            out = []
+            for turn in message["turns"]:
+                lp = teacher.score(
+                    str(turn["episode"]), turn["tokens"], int(turn["start"]), int(turn["end"])
+                )
+                out.append(lp)
+            return {"logprobs": out}
+        if op == "release_episodes":
+            if self._teacher is not None:
+                for episode in message["episodes"]:
+                    self._teacher.release(str(episode))
+            return {"open": 0 if self._teacher is None else self._teacher.open_episodes}
+        raise ValueError(f"unknown episode op {op!r}; valid: score_turns, release_episodes")

@@ -8,18 +8,30 @@
 Requests queue up and worker threads send whatever has accumulated as one `score` call (the
 engine batches the rows), so many episodes' turns share a teacher forward without any caller
 waiting for a batch to fill.
+
+With an `episode` key (and a backend with `score_turns`, e.g. the teacher's `EngineManager`)
+a turn is scored incrementally: the teacher process keeps that episode's KV cache and forwards
+only the tokens it has not seen (`teacher._incremental`), so a trajectory costs the teacher one
+forward in total instead of one per turn over the whole prefix. An episode's requests stay on
+one worker (in order: its cache only grows); `release(episode)` frees the cache once the
+episode ended or failed.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
+import logging
 import queue
 import threading
+import zlib
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class ScoreBackend(Protocol):
@@ -36,6 +48,12 @@ class _Request:
     start: int
     end: int
     future: concurrent.futures.Future
+    episode: str | None = None
+
+
+@dataclasses.dataclass
+class _Release:
+    episode: str
 
 
 _STOP = object()
@@ -57,26 +75,39 @@ class TeacherScorer:
             )
         self.backend = backend
         self.max_batch = max_batch
-        self._queue: queue.Queue = queue.Queue()
+        self.incremental = hasattr(backend, "score_turns")
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(num_workers)]
+        self._next_queue = itertools.count()
         self._closed = False
         self._lock = threading.Lock()
         self.calls = 0  # score calls sent (a batching diagnostic)
         self.turns = 0  # turns scored
         self._workers = [
-            threading.Thread(target=self._work, name=f"teacher-scorer-{i}", daemon=True)
-            for i in range(num_workers)
+            threading.Thread(target=self._work, args=(q,), name=f"teacher-scorer-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
         ]
         for w in self._workers:
             w.start()
 
+    def _queue_of(self, episode: str | None) -> queue.Queue:
+        if episode is None:
+            return self._queues[next(self._next_queue) % len(self._queues)]
+        return self._queues[zlib.crc32(episode.encode()) % len(self._queues)]
+
     def score_turn(
-        self, prefix_tokens: Sequence[int], turn_start: int, turn_end: int
+        self,
+        prefix_tokens: Sequence[int],
+        turn_start: int,
+        turn_end: int,
+        episode: str | None = None,
     ) -> concurrent.futures.Future:
         """Teacher log-probs of prefix_tokens[turn_start:turn_end], each given what precedes it.
 
         Args:
           prefix_tokens: the trajectory up to (at least) the turn's end.
           turn_start / turn_end: the turn's sampled tokens, [turn_start, turn_end).
+          episode: a key unique to the episode: score incrementally from its cache (turns of
+            an episode in order). None: score the prefix from scratch.
 
         Returns:
           A future of float32 [turn_end - turn_start]: entry i is
@@ -93,8 +124,16 @@ class TeacherScorer:
             if self._closed:
                 raise RuntimeError("TeacherScorer is closed")
             # Only the context the turn depends on travels to the teacher (causal attention).
-            self._queue.put(_Request(prefix[:turn_end], turn_start, turn_end, future))
+            key = episode if self.incremental else None
+            request = _Request(prefix[:turn_end], turn_start, turn_end, future, key)
+            self._queue_of(key).put(request)
         return future
+
+    def release(self, episode: str) -> None:
+        """Frees the episode's teacher cache after its queued turns (it ended or failed)."""
+        with self._lock:
+            if self.incremental and not self._closed:
+                self._queue_of(episode).put(_Release(episode))
 
     def close(self) -> None:
         """Stops the workers after the queued turns are scored."""
@@ -102,8 +141,8 @@ class TeacherScorer:
             if self._closed:
                 return
             self._closed = True
-            for _ in self._workers:
-                self._queue.put(_STOP)
+            for q in self._queues:
+                q.put(_STOP)
         for w in self._workers:
             w.join()
 
@@ -113,16 +152,16 @@ class TeacherScorer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _work(self) -> None:
+    def _work(self, own: queue.Queue) -> None:
         while True:
-            first = self._queue.get()
+            first = own.get()
             if first is _STOP:
                 return
             batch = [first]
             stop = False
             while len(batch) < self.max_batch:  # everything queued meanwhile rides along
                 try:
-                    nxt = self._queue.get_nowait()
+                    nxt = own.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is _STOP:
@@ -133,7 +172,42 @@ class TeacherScorer:
             if stop:
                 return
 
-    def _score_batch(self, batch: list[_Request]) -> None:
+    def _score_batch(self, batch: list) -> None:
+        releases = [r.episode for r in batch if isinstance(r, _Release)]
+        requests = [r for r in batch if isinstance(r, _Request)]
+        self._score_requests([r for r in requests if r.episode is None])
+        self._score_incremental([r for r in requests if r.episode is not None])
+        if releases:  # after the batch's turns: an episode's release is queued after them
+            try:
+                self.backend.release_episodes(releases)
+            except Exception as e:  # a lost cache is memory only: log-probs stay right
+                log.warning("teacher: releasing %d episode caches failed: %s", len(releases), e)
+
+    def _score_incremental(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        turns = [dict(episode=r.episode, tokens=r.prefix, start=r.start, end=r.end) for r in live]
+        try:
+            scored = self.backend.score_turns(turns)
+            if len(scored) != len(live):
+                raise RuntimeError(f"teacher returned {len(scored)} results for {len(live)} turns")
+        except Exception as e:  # hand the failure to every waiting turn; keep serving
+            for r in live:
+                r.future.set_exception(e)
+            return
+        with self._lock:
+            self.calls += 1
+            self.turns += len(live)
+        for r, lp in zip(live, scored, strict=True):
+            lp = np.asarray(lp, np.float32).reshape(-1)
+            if len(lp) != r.end - r.start:
+                error = f"teacher returned {len(lp)} log-probs for a {r.end - r.start}-token turn"
+                r.future.set_exception(RuntimeError(error))
+            else:
+                r.future.set_result(lp)
+
+    def _score_requests(self, batch: list[_Request]) -> None:
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         if not live:
             return
