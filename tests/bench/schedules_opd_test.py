@@ -10,7 +10,7 @@ from configs import bench_cpu
 from thundersync_jax import sim
 from thundersync_jax.bench import schedules as bench
 from thundersync_jax.bench.schedules import _opd_run
-from thundersync_jax.bench.schedules._replay import rel_diff, replay_step
+from thundersync_jax.bench.schedules._replay import rel_diff
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +31,14 @@ def test_segment_calls_are_what_the_learner_runs_and_granularities_agree(setup):
         for calls in sim.segment_calls(turns, learner.fns.seg_buckets, learner.fns.cache_buckets)
         for key in calls
     )
+    assert want  # every key the predictor prices: direct passes and sweep blocks
     # The predictor's call list is exactly the segment programs the real learner ran.
     assert collections.Counter(key for key, _ in learner.calls) == want
     assert samples.opt and samples.overhead and set(samples.calls) == set(want)
     grads = {}
-    for g in sim.GRANULARITIES:
-        learner.use(g)
-        items = _opd_run._items(learner, trace, g, seed=0)
-        planner = sim.opd_planner(trace, "stream")
-        res = replay_step(
-            learner, items, "stream", planner.num_groups, planner.group_size, 1, False
-        )
-        grads[g] = res.grads
+    items = _opd_run._items(learner, trace, seed=0)
+    for g in sim.GRANULARITIES:  # the training loop's OPD learner at each granularity
+        grads[g] = _opd_run._replay(learner, trace, items, "stream", g, advance=False).grads
     # Per-turn segments (direct passes + sweeps) give the one-shot update.
     assert rel_diff(grads["turn"], grads["trajectory"]) < 1e-5
 

@@ -54,23 +54,21 @@ def test_segment_calls_pad_and_block_like_the_learner():
         OpdTurn(0, 0, 0, 1, 2.0, 10, 25, 12, False),  # inputs 25 at slot 9
         OpdTurn(0, 0, 0, 2, 3.0, 35, 29, 14, True),  # inputs 29 at slot 34
     ]
-    calls = sim.segment_calls(turns, (16, 32), (32, 64))
-    assert calls[0] == [("direct", 16, 0)] and calls[1] == [("direct", 32, 32)]
-    # Sweep: every segment but the newest, newest first, in blocks up to 32 tokens: 25, then 9.
-    assert calls[2] == [("direct", 32, 64), ("sweep", 32, 32), ("sweep", 16, 0)]
-    merged = sim.segment_calls(
-        [turns[0], turns[1]._replace(tokens=20, scored=10, last=True)], (16, 32), (32, 64)
-    )
-    assert merged[1][1:] == [("sweep", 16, 0)]  # the newest segment's keys have no consumer
+    direct, sweep = sim.segment_calls(turns, (16, 32), (32, 64))
+    # (kind, padded inputs, cache slots attended, cache capacity after growing)
+    assert direct == [("direct", 16, 0, 32), ("direct", 32, 32, 64), ("direct", 32, 64, 64)]
+    # Every segment but the newest, newest first, in blocks up to 32 tokens: 25, then 9.
+    assert sweep == [("sweep", 32, 32, 64), ("sweep", 16, 0, 64)]
     three = [turns[0], turns[1]._replace(tokens=20, scored=10), turns[2]._replace(start=30)]
-    assert sim.segment_calls(three, (16, 32), (32, 64))[2][1:] == [("sweep", 32, 0)]  # 9 + 20
-    assert sim.one_shot_call(turns, (32, 64)) == ("one_shot", 64, 0)
+    assert sim.segment_calls(three, (16, 32), (32, 64))[1] == [("sweep", 32, 0, 64)]  # 9 + 20
+    assert sim.segment_calls(turns[:1], (16, 32), (32, 64))[1] == []  # one segment: no sweep
+    assert sim.one_shot_call(turns, (32, 64)) == ("one_shot", 64, 0, 0)
 
 
 def _cost():
-    prices = {("direct", 16, 0): 0.1, ("direct", 32, 32): 0.2, ("direct", 32, 64): 0.25}
-    prices |= {("sweep", 32, 32): 0.3}
-    prices |= {("sweep", 16, 0): 0.05, ("one_shot", 64, 0): 0.4}
+    prices = {("direct", 16, 0, 32): 0.1, ("direct", 32, 32, 64): 0.2}
+    prices |= {("direct", 32, 64, 64): 0.25, ("sweep", 32, 32, 64): 0.3}
+    prices |= {("sweep", 16, 0, 64): 0.05, ("one_shot", 64, 0, 0): 0.4, sim._opd.HOLD: 0.001}
     samples = {k: [v] for k, v in prices.items()}
     return sim.SegmentCost.fit(samples, [0.01], [0.5], (16, 32), (32, 64), (32, 64))
 
@@ -79,29 +77,40 @@ def test_simulate_opd_by_hand():
     a = [
         OpdTurn(0, 0, 0, 0, 1.0, 0, 10, 5, False),
         OpdTurn(0, 0, 0, 1, 2.0, 10, 25, 12, False),
-        OpdTurn(0, 0, 0, 2, 3.0, 35, 29, 15, True),
+        OpdTurn(0, 0, 0, 2, 3.0, 35, 29, 14, True),
     ]
     b = [t._replace(traj_id=1, member=1, arrival_s=t.arrival_s * 4) for t in a]
     trace, cost = a + b, _cost()
-    turn_work = 0.1 + 0.2 + (0.25 + 0.3 + 0.05) + 3 * 0.01
+    items = sim.opd_items(trace)
+    assert [it.item_id for it in items[:4]] == [
+        "000000000t0000",
+        "000000000t0001",
+        "000000000t0002",
+        "000000000z",
+    ]
+    assert [it.closes_member for it in items].count(True) == 2
+    # turn: three direct passes and the sweep (its own item), each chunk + 0.01 overhead
+    turn_work = 0.1 + 0.2 + 0.25 + (0.3 + 0.05) + 4 * 0.01
     sync = sim.simulate_opd(trace, "sync", cost, "turn")
     assert math.isclose(sync.step_time_s, 12.0 + 2 * turn_work + 0.5)
-    # Trajectory granularity: one one-shot chunk per trajectory (its price holds the overhead).
-    assert math.isclose(sim.simulate_opd(trace, "sync", cost, "trajectory").step_time_s, 13.3)
-    # Stream per turn: trajectory 0 is done by 3.86; trajectory 1's last turn arrives at 12.
+    # trajectory: turn items are host bookkeeping, the closing item the one-shot gradient.
+    traj_work = 3 * 0.001 + 0.4
+    assert math.isclose(
+        sim.simulate_opd(trace, "sync", cost, "trajectory").step_time_s, 12.0 + 2 * traj_work + 0.5
+    )
+    # Stream per turn: trajectory 0 is done by ~4; trajectory 1's last turn arrives at 12.
     stream = sim.simulate_opd(trace, "stream", cost, "turn")
-    assert math.isclose(stream.step_time_s, 12.0 + 0.25 + 0.3 + 0.05 + 0.01 + 0.5)
+    assert math.isclose(stream.step_time_s, 12.0 + 0.25 + 0.3 + 0.05 + 2 * 0.01 + 0.5)
     # Group: both members are one group, so nothing starts before 12.
     group = sim.simulate_opd(trace, "group", cost, "trajectory")
-    assert math.isclose(group.step_time_s, 13.3)
+    assert math.isclose(group.step_time_s, 12.0 + 2 * traj_work + 0.5)
     balanced = sim.balance_opd(trace, cost, 2.0, "turn")
     assert math.isclose(max(t.arrival_s for t in balanced), 2 * turn_work / 2.0)
 
 
 def test_segment_cost_falls_back_to_its_fit():
     cost = _cost()
-    assert cost.call_s(("direct", 32, 32)) == 0.2
-    # Two direct shapes: the fit passes through both; an untimed shape gets a finite price.
-    assert math.isfinite(cost.call_s(("direct", 16, 32))) and cost.affine().prices == {}
+    assert cost.call_s(("direct", 32, 32, 64)) == 0.2
+    assert math.isfinite(cost.call_s(("direct", 16, 32, 64))) and cost.affine().prices == {}
     with pytest.raises(ValueError, match="call kind 'forward'"):
-        cost.call_s(("forward", 16, 0))
+        cost.call_s(("forward", 16, 0, 32))

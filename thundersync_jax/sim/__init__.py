@@ -49,14 +49,17 @@ from thundersync_jax.sim._ceiling import Ceiling, balance, ceiling, learner_work
 from thundersync_jax.sim._cost import CostModel
 from thundersync_jax.sim._opd import (
     GRANULARITIES,
+    CallKey,
     SegmentCost,
     balance_opd,
+    end_item_id,
     item_costs,
     one_shot_call,
     opd_items,
     opd_planner,
     segment_calls,
     simulate_opd,
+    turn_item_id,
 )
 from thundersync_jax.sim._opd_trace import OpdTurn, opd_trace, trajectories, validate_opd_trace
 from thundersync_jax.sim._simulate import (
@@ -78,11 +81,14 @@ from thundersync_jax.sim._trace import (
 
 __all__ = [
     "GRANULARITIES",
+    "CallKey",
     "OpdTurn",
     "SegmentCost",
     "balance_opd",
     "item_costs",
+    "end_item_id",
     "one_shot_call",
+    "turn_item_id",
     "opd_items",
     "opd_planner",
     "opd_trace",

@@ -1,13 +1,14 @@
 """OPD step times: turns as segments (direct pass per turn, reverse sweep at close) or one-shot.
 
-Two learner granularities (issue 14; `learner.segments`):
+Work items as the training loop queues them (`algorithms.opd`): one per scored turn and one
+closing the member. Two learner granularities (issue 14; `rl.opd_granularity`):
 
-  turn        every scored turn is one work item: a direct pass over its segment against
-              the trajectory's cache (forward, log-probs, direct gradient, K/V cotangents
-              buffered); the trajectory's last turn also runs the reverse sweep, in blocks
-              of consecutive segments up to the largest segment bucket, newest first.
-  trajectory  one item per trajectory, ready at its last turn: the one-shot OPD gradient
-              (student log-prob forward + score gradient over the whole trajectory).
+  turn        a turn item is a direct pass over its segment against the trajectory's cache
+              (forward, log-probs, direct gradient, K/V cotangents buffered); the closing
+              item runs the reverse sweep, in blocks of consecutive segments up to the
+              largest segment bucket, newest first.
+  trajectory  turn items are kept on the host; the closing item runs the one-shot OPD
+              gradient (student log-prob forward + score gradient over the whole trajectory).
 
 `SegmentCost` prices every call by its padded shape, exactly as the learner pads it
 (`segment_calls` mirrors `learner.segments`: the segment bucket, the cache slots attended,
@@ -33,7 +34,9 @@ from thundersync_jax.sim._opd_trace import OpdTurn, trajectories, validate_opd_t
 from thundersync_jax.sim._simulate import SimResult, run_planner, step_result
 
 GRANULARITIES = ("turn", "trajectory")
-CallKey = tuple[str, int, int]  # (kind, padded tokens, cache slots attended); one_shot: 0 slots
+# (kind, padded tokens, cache slots attended, cache capacity); one_shot and hold: zeros after.
+CallKey = tuple[str, int, int, int]
+HOLD: CallKey = ("hold", 0, 0, 0)  # a `trajectory` turn item: host bookkeeping only
 
 
 def check_granularity(granularity: str) -> str:
@@ -52,16 +55,20 @@ def _seg_pad(n: int, seg_buckets: Sequence[int]) -> int:
 
 def segment_calls(
     turns: Sequence[OpdTurn], seg_buckets: Sequence[int], cache_buckets: Sequence[int]
-) -> list[list[CallKey]]:
-    """Per turn of one trajectory, the padded calls the segment learner runs for it.
+) -> tuple[list[CallKey], list[CallKey]]:
+    """(one direct call per turn, the sweep's calls at close) the segment learner runs.
 
     The learner forwards tokens one behind what it has seen (`learner.segments`): turn 0
-    forwards tokens − 1 inputs from slot 0, turn j its `tokens` inputs from slot start − 1.
-    The last turn's list ends with the sweep's blocks (every segment but the newest).
+    forwards tokens − 1 inputs from slot 0, turn j its `tokens` inputs from slot start − 1;
+    the cache grows to the bucket holding what it has forwarded. The sweep covers every
+    segment but the newest, in blocks of consecutive segments up to the largest segment
+    bucket, newest first.
     """
     spans = [(0, t.tokens - 1) if t.turn == 0 else (t.start - 1, t.tokens) for t in turns]
-    calls = [
-        [("direct", _seg_pad(n, seg_buckets), _past_slots(s, cache_buckets))] for s, n in spans
+    caps = [bucket_length(max(s + n, 2), cache_buckets) for s, n in spans]
+    direct = [
+        ("direct", _seg_pad(n, seg_buckets), _past_slots(s, cache_buckets), c)
+        for (s, n), c in zip(spans, caps, strict=True)
     ]
     blocks: list[list[tuple[int, int]]] = []
     for s, n in reversed(spans[:-1]):
@@ -69,50 +76,62 @@ def segment_calls(
         if size + n > seg_buckets[-1]:
             blocks.append([])
         blocks[-1].insert(0, (s, n))
-    for b in blocks:
-        start, n = b[0][0], sum(x for _, x in b)
-        calls[-1].append(("sweep", _seg_pad(n, seg_buckets), _past_slots(start, cache_buckets)))
-    return calls
+    sweep = [
+        (
+            "sweep",
+            _seg_pad(sum(x for _, x in b), seg_buckets),
+            _past_slots(b[0][0], cache_buckets),
+            caps[-1],
+        )
+        for b in blocks
+    ]
+    return direct, sweep
 
 
 def one_shot_call(turns: Sequence[OpdTurn], seq_buckets: Sequence[int]) -> CallKey:
-    """The one-shot OPD gradient's padded call for a whole trajectory."""
+    """The one-shot OPD gradient of a whole trajectory (log-prob forward + score gradient)."""
     total = turns[-1].start + turns[-1].tokens
-    return ("one_shot", bucket_length(total, seq_buckets), 0)
+    return ("one_shot", bucket_length(total, seq_buckets), 0, 0)
+
+
+def turn_item_id(traj_id: int, turn: int) -> str:
+    return f"{traj_id:09d}t{turn:04d}"
+
+
+def end_item_id(traj_id: int) -> str:
+    return f"{traj_id:09d}z"  # sorts after the trajectory's turns
 
 
 def opd_items(
     trace: Sequence[OpdTurn],
-    granularity: str,
-    payload: Callable[[list[OpdTurn], OpdTurn], object] | None = None,
+    payload: Callable[[OpdTurn, bool], object] | None = None,
 ) -> list[WorkItem]:
-    """Planner work items of an OPD step, arrival order.
+    """Planner work items of an OPD step, as the training loop queues them, arrival order.
 
-    turn: one per turn (only the last closes its member); trajectory: one per trajectory at
-    its last turn's arrival. `payload(turns_so_far, turn)` builds each item's payload (the
-    benchmark's token arrays); default the item's (last) `OpdTurn`.
+    One item per scored turn, then one payload-only item closing the member (queued with
+    its last turn): under `turn` granularity it runs the reverse sweep, under `trajectory`
+    the one-shot gradient (the turn items are then only kept on the host).
+    `payload(turn, is_end)` builds each item's payload (default: the `OpdTurn`).
     """
-    check_granularity(granularity)
     items = []
     for turns in trajectories(trace).values():
-        picked = turns if granularity == "turn" else turns[-1:]
-        for t in picked:
-            upto = turns[: t.turn + 1]
-            items.append(
-                WorkItem(
-                    item_id=f"{t.traj_id:09d}t{t.turn:04d}"
-                    if granularity == "turn"
-                    else f"{t.traj_id:09d}",
-                    group=t.group,
-                    reward=0.0,
-                    num_tokens=t.scored if granularity == "turn" else sum(u.scored for u in upto),
-                    arrival_s=t.arrival_s,
-                    payload=t if payload is None else payload(upto, t),
-                    closes_member=t.last,
-                    member=t.member,
-                )
-            )
+        for t in turns:
+            items.append(_item(t, turn_item_id(t.traj_id, t.turn), t.scored, False, payload))
+        items.append(_item(turns[-1], end_item_id(turns[-1].traj_id), 0, True, payload))
     return sorted(items, key=lambda it: (it.arrival_s, it.item_id))
+
+
+def _item(t: OpdTurn, item_id: str, tokens: int, end: bool, payload) -> WorkItem:
+    return WorkItem(
+        item_id=item_id,
+        group=t.group,
+        reward=0.0,
+        num_tokens=tokens,
+        arrival_s=t.arrival_s,
+        payload=t if payload is None else payload(t, end),
+        closes_member=end,
+        member=t.member,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +144,7 @@ class SegmentCost:
         calls (T padded tokens, S cache slots attended) and (1, L, L²) for one-shot calls:
         the price of a shape never timed.
       overhead_s: the learner loop's own time per `turn` chunk (planner, queue poll, host
-        copies, accumulator add); one-shot prices are whole chunks timed end to end.
+        copies, accumulator add); one-shot and hold prices are whole chunks timed end to end.
       opt_s: finalize + optimizer step.
       seg_buckets, cache_buckets, seq_buckets: the learner's padding.
     """
@@ -163,7 +182,7 @@ class SegmentCost:
         """Prices each timed shape by `price` of its samples; fits each kind's fallback."""
         if not opt or not samples:
             raise ValueError("SegmentCost.fit needs timed calls and optimizer steps")
-        prices = {k: float(price(v)) for k, v in samples.items() if v}
+        prices = {tuple(k): float(price(v)) for k, v in samples.items() if v}
         fits = {}
         for kind in {k[0] for k in prices}:
             keys = [k for k in prices if k[0] == kind]
@@ -182,7 +201,7 @@ class SegmentCost:
 
 
 def _features(key: CallKey) -> tuple[float, float, float]:
-    kind, t, s = key
+    kind, t, s, _ = key
     return (1.0, float(t), float(t) * (float(t) if kind == "one_shot" else float(s)))
 
 
@@ -192,21 +211,25 @@ def item_costs(trace: Sequence[OpdTurn], granularity: str, cost: SegmentCost) ->
     out = {}
     for tid, turns in trajectories(trace).items():
         if granularity == "trajectory":
-            key = one_shot_call(turns, cost.seq_buckets)
-            out[f"{tid:09d}"] = cost.call_s(key)  # timed as whole chunks: overhead included
+            for t in turns:
+                out[turn_item_id(tid, t.turn)] = cost.call_s(HOLD)
+            out[end_item_id(tid)] = cost.call_s(one_shot_call(turns, cost.seq_buckets))
             continue
-        calls_per_turn = segment_calls(turns, cost.seg_buckets, cost.cache_buckets)
-        for t, calls in zip(turns, calls_per_turn, strict=True):
-            out[f"{tid:09d}t{t.turn:04d}"] = sum(map(cost.call_s, calls)) + cost.overhead_s
+        direct, sweep = segment_calls(turns, cost.seg_buckets, cost.cache_buckets)
+        for t, call in zip(turns, direct, strict=True):
+            out[turn_item_id(tid, t.turn)] = cost.call_s(call) + cost.overhead_s
+        out[end_item_id(tid)] = sum(map(cost.call_s, sweep)) + cost.overhead_s
     return out
 
 
 def opd_planner(trace: Sequence[OpdTurn], schedule: str | Schedule) -> Planner:
-    """A one-item-per-chunk planner sized for the trace's groups."""
+    """A one-item-per-chunk planner sized for the trace's groups (each chunk timed alone)."""
     sizes: dict[int, int] = {}
     for t in trace:
         sizes[t.group] = sizes.get(t.group, 0) + t.last
-    planner = Planner(schedules.get(schedule), max(sizes) + 1, max(sizes.values()), 1)
+    planner = Planner(
+        schedules.get(schedule), max(sizes) + 1, max(sizes.values()), 1, max_chunk_items=1
+    )
     for k in range(planner.num_groups):
         for _ in range(planner.group_size - sizes.get(k, 0)):
             planner.drop_member(k)
@@ -222,7 +245,7 @@ def simulate_opd(
     costs = item_costs(trace, granularity, cost)
     chunks, end, peak = run_planner(
         opd_planner(trace, schedule),
-        opd_items(trace, granularity),
+        opd_items(trace),
         lambda chunk: sum(costs[it.item_id] for it in chunk),
         schedule.pipelined,
     )

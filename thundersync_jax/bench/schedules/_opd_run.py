@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class OpdSamples:
-    """Timed calls per `sim._opd.CallKey`, loop overheads per chunk, optimizer steps."""
+    """Timed calls per `sim.CallKey`, loop overheads per chunk, optimizer steps."""
 
     calls: dict = dataclasses.field(default_factory=dict)
     overhead: list = dataclasses.field(default_factory=list)
@@ -69,29 +69,35 @@ def _trace(config, seed: int) -> list[sim.OpdTurn]:
     )
 
 
-def _items(learner, trace, granularity, seed):
-    build = payload_fn(trace, granularity, learner.vocab_size, seed)
-    return sim.opd_items(trace, granularity, build)
+def _items(learner, trace, seed):
+    return sim.opd_items(trace, payload_fn(trace, learner.vocab_size, seed))
+
+
+def _replay(learner, trace, items, schedule: str, granularity: str, advance: bool):
+    planner = sim.opd_planner(trace, schedule)
+    learner.use(granularity)
+    return replay_step(
+        learner, items, schedule, planner.num_groups, planner.group_size, 1, advance, 1
+    )
 
 
 def calibration_pass(learner: BenchOpdLearner, trace, granularity: str, seed: int) -> OpdSamples:
     """Times the batch's own work at `granularity`: a sync replay with every turn arrived."""
     at_once = [t._replace(arrival_s=0.0) for t in trace]
-    items = _items(learner, at_once, granularity, seed)
-    planner = sim.opd_planner(at_once, "sync")
-    learner.use(granularity)
     learner.calls.clear()
-    res = replay_step(
-        learner, items, "sync", planner.num_groups, planner.group_size, 1, advance=False
-    )
+    res = _replay(learner, at_once, _items(learner, at_once, seed), "sync", granularity, False)
     out = OpdSamples()
     by_traj = sim.trajectories(trace)
     prev_end = res.chunks[0][2]
     intervals = []
     for (_, _, _, end), ids in zip(res.chunks, res.chunk_items, strict=True):
         intervals.append(end - prev_end)
-        if granularity == "trajectory":  # the whole chunk: log-prob forward, gradient, add
-            key = sim.one_shot_call(by_traj[int(ids[0])], learner.seq_buckets)
+        if granularity == "trajectory":  # whole chunks: host bookkeeping, or the one-shot
+            tid = int(ids[0][:9])
+            end_item = ids[0] == sim.end_item_id(tid)
+            key = (
+                sim.one_shot_call(by_traj[tid], learner.seq_buckets) if end_item else sim._opd.HOLD
+            )
             out.calls.setdefault(key, []).append(end - prev_end)
         prev_end = end
     if granularity == "turn":
@@ -132,22 +138,12 @@ def run_opd_seed(learner: BenchOpdLearner, config, seed: int) -> dict:
     for r in range(int(config.warmup) + int(config.rounds)):
         if r == int(config.warmup) and r > 0:  # re-balance at the replays' speed
             trace = sim.balance_opd(trace, warm.cost(learner), float(config.balance), gran["sync"])
-        items = {g: _items(learner, trace, g, seed) for g in set(gran.values())}
-        planner = sim.opd_planner(trace, "sync")
+        items = _items(learner, trace, seed)
         order = schedules_[r % len(schedules_) :] + schedules_[: r % len(schedules_)]
         grads = {}
         for i, s in enumerate(order):
             step = calibration_pass(learner, trace, gran[s], seed)
-            learner.use(gran[s])
-            res = replay_step(
-                learner,
-                items[gran[s]],
-                s,
-                planner.num_groups,
-                planner.group_size,
-                1,
-                advance=i == len(order) - 1,
-            )
+            res = _replay(learner, trace, items, s, gran[s], advance=i == len(order) - 1)
             grads[s] = res.grads
             if r < int(config.warmup):
                 warm.extend(step)

@@ -57,17 +57,20 @@ def replay_step(
     group_size: int,
     max_chunk_tokens: int,
     advance: bool,
+    max_chunk_items: int | None = None,
 ) -> RoundResult:
     """Replays `items` (arrival order) under `schedule`; see the module docstring.
 
     The cyclic garbage collector is off during the replay (`collector_paused`).
     """
     with collector_paused():
-        return _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, advance)
+        planner = Planner(
+            schedule, num_groups, group_size, max_chunk_tokens, max_chunk_items=max_chunk_items
+        )
+        return _replay(learner, items, planner, num_groups, group_size, advance)
 
 
-def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, advance):
-    planner = Planner(schedule, num_groups, group_size, max_chunk_tokens)
+def _replay(learner, items, planner, num_groups, group_size, advance):
     sizes: dict[int, int] = {}
     for it in items:  # members: an OPD turn item closes its member only on the last turn
         sizes[it.group] = sizes.get(it.group, 0) + int(it.closes_member)
