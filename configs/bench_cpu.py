@@ -15,8 +15,12 @@ rounds, -4.3% in the default run), on a VM whose own speed moved 30-57%
 between passes seconds apart (see BENCHMARKS.md).
 
 Variants (`--config=configs/bench_cpu.py:VARIANT`):
-  tiny   seconds-long smoke run (tests): 4 groups x 2, one round, one seed
-  sweep  balance x sigma x group_icc grid (~15 min): DIR/sweep.{json,md,png}
+  tiny      seconds-long smoke run (tests): 4 groups x 2, one round, one seed
+  sweep     balance x sigma x group_icc grid (~15 min): DIR/sweep.{json,md,png}
+  opd       multi-turn OPD (issue 14): 8 groups x 4 trajectories, ~6 turns each with a
+            heavy tail, 24-token turns, the loop's OPD learner per turn (segments) or per
+            trajectory, chosen per schedule by the predictor (`opd.granularity="auto"`)
+  opd_tiny  the same in seconds (tests)
 
 Keys: trace ("lognormal" or a JSONL trace written by a training run, e.g.
 DIR/traces/arrivals.jsonl, with trace_step picking the step, -1 the last);
@@ -25,6 +29,10 @@ sigma, group_icc, num_groups, group_size, mean_tokens (lognormal trace only);
 rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
 (score-gradient shapes; longer trajectories are clipped); max_chunk_tokens
 (the planner's packing budget); calibration_reps.
+OPD keys: algorithm ("grpo" | "opd"); turns_sigma (spread of log turn counts); mean_tokens is
+then per turn; sigma / group_icc shape the turn durations (generation + tool); opd.mean_turns,
+opd.granularity ("turn" | "trajectory" | "auto"), opd.seg_buckets, opd.cache_buckets (the
+segment learner's padding; trajectories are capped at the largest cache bucket).
 """
 
 from __future__ import annotations
