@@ -15,8 +15,12 @@ rounds, -4.3% in the default run), on a VM whose own speed moved 30-57%
 between passes seconds apart (see BENCHMARKS.md).
 
 Variants (`--config=configs/bench_cpu.py:VARIANT`):
-  tiny   seconds-long smoke run (tests): 4 groups x 2, one round, one seed
-  sweep  balance x sigma x group_icc grid (~15 min): DIR/sweep.{json,md,png}
+  tiny      seconds-long smoke run (tests): 4 groups x 2, one round, one seed
+  sweep     balance x sigma x group_icc grid (~15 min): DIR/sweep.{json,md,png}
+  opd       multi-turn OPD (issue 14): 8 groups x 4 trajectories, ~6 turns each with a
+            heavy tail, 24-token turns, the loop's OPD learner per turn (segments) or per
+            trajectory, chosen per schedule by the predictor (`opd.granularity="auto"`)
+  opd_tiny  the same in seconds (tests)
 
 Keys: trace ("lognormal" or a JSONL trace written by a training run, e.g.
 DIR/traces/arrivals.jsonl, with trace_step picking the step, -1 the last);
@@ -25,6 +29,10 @@ sigma, group_icc, num_groups, group_size, mean_tokens (lognormal trace only);
 rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
 (score-gradient shapes; longer trajectories are clipped); max_chunk_tokens
 (the planner's packing budget); calibration_reps.
+OPD keys: algorithm ("grpo" | "opd"); turns_sigma (spread of log turn counts); mean_tokens is
+then per turn; sigma / group_icc shape the turn durations (generation + tool); opd.mean_turns,
+opd.granularity ("turn" | "trajectory" | "auto"), opd.seg_buckets, opd.cache_buckets (the
+segment learner's padding; trajectories are capped at the largest cache bucket).
 """
 
 from __future__ import annotations
@@ -56,6 +64,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # only add padding (rows to a power of two, lengths to the longest). Raise it to pack.
     c.max_chunk_tokens = 1
     c.calibration_reps = 7
+    c.algorithm = "grpo"  # or "opd" (the `opd` variant): multi-turn traces, segment learner
+    c.turns_sigma = 1.0  # OPD: spread of log turn counts (heavy tail)
+    c.opd = ml_collections.ConfigDict(
+        dict(
+            mean_turns=6.0,
+            granularity="auto",  # "turn" | "trajectory" | "auto" (per schedule, by prediction)
+            seg_buckets=(16, 32, 64),
+            cache_buckets=(64, 128, 256),
+        )
+    )
     c.sweep = ml_collections.ConfigDict(dict(balances=(), sigmas=(0.5, 1.5), group_iccs=(0.0, 0.6)))
     if arg == "tiny":
         c.num_groups = 4
@@ -73,6 +91,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.warmup = 1  # re-balances the trace at the replays' speed (see bench/schedules/_run.py)
         c.seeds = (0, 1)
         c.calibration_reps = 3
+    elif arg in ("opd", "opd_tiny"):
+        c.algorithm = "opd"
+        c.mean_tokens = 24  # per turn (segment: tool output + response, half scored)
+        c.num_groups = 8
+        c.group_size = 4
+        c.rounds = 9
+        c.calibration_reps = 3
+        if arg == "opd_tiny":
+            c.num_groups, c.group_size = 2, 2
+            c.mean_tokens = 8
+            c.opd.mean_turns = 3.0
+            c.opd.seg_buckets = (8, 16)
+            c.opd.cache_buckets = (16, 32, 64)
+            c.seq_buckets = (32, 64)
+            c.rounds, c.warmup, c.seeds, c.calibration_reps = 1, 0, (0,), 1
     elif arg not in (None, ""):
-        raise ValueError(f"configs/bench_cpu.py: unknown variant {arg!r}; valid: tiny, sweep")
+        raise ValueError(
+            f"configs/bench_cpu.py: unknown variant {arg!r}; valid: tiny, sweep, opd, opd_tiny"
+        )
     return c

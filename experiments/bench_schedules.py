@@ -3,6 +3,8 @@ r"""Schedule benchmark: sync / group / stream on one replayed workload, measured
     python -m experiments.bench_schedules --config=configs/bench_cpu.py --workdir=DIR \
         [--config.sigma=1.5] [--config.group_icc=0.3] [--config.balance=1.0]
     python -m experiments.bench_schedules --config=configs/bench_cpu.py:sweep --workdir=DIR
+    python -m experiments.bench_schedules --config=configs/bench_cpu.py:opd --workdir=DIR \
+        [--config.turns_sigma=1.0] [--config.sigma=1.0] [--config.opd.mean_turns=6]
 
 Writes DIR/bench.json (see thundersync_jax.bench.schedules) and prints a table; the
 `sweep` variant writes DIR/sweep.json, DIR/sweep.md and DIR/sweep.png.

@@ -23,10 +23,14 @@ def learner():
 
 
 def test_configs_load():
-    for arg in (None, "tiny", "sweep"):
+    for arg in (None, "tiny", "sweep", "opd", "opd_tiny"):
         c = bench_cpu.get_config(arg)
         assert set(c.schedules) <= set(bench.MEASURED)
         assert c.rounds >= 1 and c.seeds
+    assert (
+        bench_cpu.get_config("opd").algorithm == "opd"
+        and bench_cpu.get_config().algorithm == "grpo"
+    )
     assert bench_cpu.get_config("sweep").sweep.balances == (0.25, 0.5, 1.0, 2.0, 4.0)
     with pytest.raises(ValueError, match="unknown variant"):
         bench_cpu.get_config("huge")

@@ -30,7 +30,9 @@ def test_tables_and_plot(tmp_path):
     costs = opd["bucket_cost"]
     want = 2 * costs["64"].cpu + 2 * costs["128"].cpu  # turns end at 32, 64, 96, 128
     assert np.isclose(four.cpu, want)
-    assert all(r["segments"].wall > 0 and r["tail_turn_s"] > 0 for r in rows)
+    assert all(
+        r["segments"].wall > 0 and r["tail_turn"].cpu > 0 and r["tail_x"].wall > 0 for r in rows
+    )
     assert grpo[0]["ideal_saving"] == 0.125
     table = segment_bench.markdown(result)
     assert "| 4 |" in table and "| 25% |" in table

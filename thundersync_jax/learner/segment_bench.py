@@ -98,12 +98,14 @@ def _opd_segments(fns, params, tokens, mask, teacher, turns, tail_only=False):
     for j, (a, b) in enumerate(turns):
         if tail_only and j == len(turns) - 1:
             _block((traj.k, traj.dk))
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
         traj, res = fns.score(params, traj, tokens[a:b], mask[a:b], teacher_logprobs=teacher[a:b])
         out.append(res.grad)
     deferred, traj = fns.close(params, traj)
     _block((out, deferred))
-    return time.perf_counter() - start if tail_only else None
+    if not tail_only:
+        return None
+    return Timing(time.perf_counter() - start, time.process_time() - start_cpu)
 
 
 def opd_costs(
@@ -163,6 +165,9 @@ def opd_costs(
             _opd_segments(fns, params, tokens, mask, teacher, turns, tail_only=True)
             for _ in range(repeats)
         ]
+        tail_turn = Timing(
+            statistics.median(t.wall for t in tails), statistics.median(t.cpu for t in tails)
+        )
         prefix = Timing(0.0, 0.0)
         for _, b in turns:
             prefix = prefix + bucket_cost[min(x for x in prefix_buckets if x >= b)]
@@ -175,8 +180,9 @@ def opd_costs(
                 full_prefix=prefix,
                 full_prefix_x=prefix.ratio(one_shot),
                 ideal_full_prefix_x=(n + 1) / 2,
-                tail_turn_s=statistics.median(tails),
-                tail_trajectory_s=one_shot.wall,
+                tail_turn=tail_turn,  # median over repeats: last direct pass + the sweep
+                tail_trajectory=one_shot,  # the whole one-shot OPD gradient runs then
+                tail_x=tail_turn.ratio(one_shot),
             )
         )
     return dict(
@@ -269,16 +275,19 @@ def markdown(result: dict[str, Any]) -> str:
         f"{grad.cpu:.2f} s CPU, {grad.wall:.2f} s wall. Ratios: CPU time (wall time).",
         "",
         "| turns | segments / one-shot OPD | segments / score gradient alone "
-        "| full prefix / one-shot OPD | (n+1)/2 | tail `turn` (s) | tail `trajectory` (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| full prefix / one-shot OPD | (n+1)/2 | tail `turn` CPU s (wall) "
+        "| tail `trajectory` CPU s (wall) | tail turn / trajectory |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in opd["rows"]:
         seg, alone, pre = r["segments_x"], r["segments_x_grad_only"], r["full_prefix_x"]
         lines.append(
             f"| {r['turns']} | {seg.cpu:.2f}x ({seg.wall:.2f}x) | {alone.cpu:.2f}x "
             f"({alone.wall:.2f}x) | {pre.cpu:.2f}x ({pre.wall:.2f}x) | "
-            f"{r['ideal_full_prefix_x']:.1f} | {r['tail_turn_s']:.2f} | "
-            f"{r['tail_trajectory_s']:.2f} |"
+            f"{r['ideal_full_prefix_x']:.1f} | "
+            f"{r['tail_turn'].cpu:.3f} ({r['tail_turn'].wall:.3f}) "
+            f"| {r['tail_trajectory'].cpu:.3f} ({r['tail_trajectory'].wall:.3f}) "
+            f"| {r['tail_x'].cpu:.2f}x ({r['tail_x'].wall:.2f}x) |"
         )
     lines += [
         "",
@@ -313,6 +322,9 @@ def plot(result: dict[str, Any], path: str) -> None:
     )
     left.plot(turns, [r["full_prefix_x"].cpu for r in rows], "s-", label="full prefix (today)")
     left.plot(turns, [r["ideal_full_prefix_x"] for r in rows], ":", label="(n+1)/2")
+    left.plot(
+        turns, [r["tail_x"].cpu for r in rows], "d--", label="tail after last score: turn / traj."
+    )
     left.axhline(2.0, color="gray", lw=0.8, ls="--", label="target 2x")
     left.set(xscale="log", yscale="log", xlabel="turns per trajectory (same total tokens)")
     left.set(ylabel="learner CPU time / one-shot", title="OPD per turn")

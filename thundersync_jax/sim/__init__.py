@@ -39,10 +39,29 @@ Learner-time metrics (same definitions as thundersync_jax.metrics):
 learner_busy_s = L_schedule + O, learner_idle_frac = 1 − busy / T,
 tail_s = T − R, open_groups_peak = most groups with some but not all members
 processed, counted after each chunk is handed out.
+
+OPD (`simulate_opd`, `opd_trace`): work items are scored turns (granularity `turn`: a
+segment's direct pass, plus the reverse sweep on a trajectory's last turn) or whole
+trajectories (`trajectory`: one-shot gradient); `SegmentCost` prices each padded call.
 """
 
 from thundersync_jax.sim._ceiling import Ceiling, balance, ceiling, learner_work_s
 from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim._opd import (
+    GRANULARITIES,
+    CallKey,
+    SegmentCost,
+    balance_opd,
+    end_item_id,
+    item_costs,
+    one_shot_call,
+    opd_items,
+    opd_planner,
+    segment_calls,
+    simulate_opd,
+    turn_item_id,
+)
+from thundersync_jax.sim._opd_trace import OpdTurn, opd_trace, trajectories, validate_opd_trace
 from thundersync_jax.sim._simulate import (
     LEARNER_KINDS,
     SCHEDULES,
@@ -61,6 +80,22 @@ from thundersync_jax.sim._trace import (
 )
 
 __all__ = [
+    "GRANULARITIES",
+    "CallKey",
+    "OpdTurn",
+    "SegmentCost",
+    "balance_opd",
+    "item_costs",
+    "end_item_id",
+    "one_shot_call",
+    "turn_item_id",
+    "opd_items",
+    "opd_planner",
+    "opd_trace",
+    "segment_calls",
+    "simulate_opd",
+    "trajectories",
+    "validate_opd_trace",
     "LEARNER_KINDS",
     "SCHEDULES",
     "STREAM_RANKS",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from thundersync_jax.schedule import schedules
@@ -114,33 +114,47 @@ def _run_learner(
     max_chunk_tokens: int,
     max_open_groups: int | None,
 ) -> tuple[list[Chunk], float, int]:
-    """The orchestrator's Planner on a virtual clock; returns (chunks, work end, open peak).
+    """The orchestrator's Planner on a virtual clock; returns (chunks, work end, open peak)."""
+    planner = _planner_for(trace, schedule, max_chunk_tokens, max_open_groups)
+    items = [_work_item(a) for a in trace]
+    return run_planner(
+        planner, items, lambda c: cost.chunk_cost([it.num_tokens for it in c]), schedule.pipelined
+    )
+
+
+def run_planner(
+    planner: Planner,
+    items: Sequence[WorkItem],
+    chunk_cost: Callable[[list[WorkItem]], float],
+    pipelined: bool = False,
+) -> tuple[list[Chunk], float, int]:
+    """Drives `planner` over `items` on a virtual clock; returns (chunks, work end, open peak).
 
     Mirrors `schedule.learner_loop.run_learner_batch`: whenever the learner is free,
-    every arrival so far is pushed, then the planner picks the next chunk; with nothing
-    ready the clock jumps to the next arrival. A pipelined schedule (async) starts with
-    the whole (previous) batch in hand.
+    every arrival so far is pushed, then the planner picks the next chunk, which takes
+    `chunk_cost(chunk)` seconds; with nothing ready the clock jumps to the next arrival.
+    A pipelined schedule (async) starts with the whole (previous) batch in hand. Chunk
+    ids are the items' `payload.traj_id`.
     """
-    planner = _planner_for(trace, schedule, max_chunk_tokens, max_open_groups)
-    by_arrival = sorted(trace, key=lambda a: (a.arrival_s, a.traj_id))
+    by_arrival = sorted(items, key=lambda it: (it.arrival_s, it.item_id))
     chunks: list[Chunk] = []
     t, i = 0.0, 0
-    if schedule.pipelined:
-        for a in by_arrival:
-            planner.push(_work_item(a))
+    if pipelined:
+        for it in by_arrival:
+            planner.push(it)
         i = len(by_arrival)
     while not planner.done():
         while i < len(by_arrival) and by_arrival[i].arrival_s <= t:
-            planner.push(_work_item(by_arrival[i]))
+            planner.push(by_arrival[i])
             i += 1
         picked = planner.next_chunk()
         if not picked:
             if i == len(by_arrival):
                 raise RuntimeError("learner blocked with nothing left to arrive (planner bug)")
-            t = by_arrival[i].arrival_s  # idle until the next trajectory arrives
+            t = by_arrival[i].arrival_s  # idle until the next item arrives
             continue
         kind = planner.chunk_kind(picked[0].group)  # what the group looked like when picked
-        end = t + cost.chunk_cost([it.num_tokens for it in picked])
+        end = t + chunk_cost(picked)
         chunks.append(Chunk(t, end, kind, tuple(it.payload.traj_id for it in picked)))
         t = end
     return chunks, t, planner.open_groups_peak
@@ -179,13 +193,30 @@ def simulate(
     chunks, work_end, open_peak = _run_learner(
         trace, schedule, cost, max_chunk_tokens, max_open_groups
     )
+    return step_result(schedule, span, chunks, work_end, open_peak, cost.opt_s, cost.pub_s)
+
+
+def step_result(
+    schedule: Schedule,
+    span: float,
+    chunks: list[Chunk],
+    work_end: float,
+    open_peak: int,
+    opt_s: float,
+    pub_s: float,
+) -> SimResult:
+    """The step's `SimResult` from its learner chunks: opt and publish appended."""
     work = sum(c.end - c.start for c in chunks)
     # A pipelined schedule's weight swap waits for the next batch's rollouts (a barrier).
     opt_start = max(work_end, span) if schedule.pipelined else work_end
-    opt_end = opt_start + cost.opt_s
-    step_time = opt_end + cost.pub_s
-    chunks += [Chunk(opt_start, opt_end, "opt", ()), Chunk(opt_end, step_time, "publish", ())]
-    busy = work + cost.opt_s + cost.pub_s
+    opt_end = opt_start + opt_s
+    step_time = opt_end + pub_s
+    chunks = [
+        *chunks,
+        Chunk(opt_start, opt_end, "opt", ()),
+        Chunk(opt_end, step_time, "publish", ()),
+    ]
+    busy = work + opt_s + pub_s
     return SimResult(
         schedule=schedule.name,
         step_time_s=step_time,

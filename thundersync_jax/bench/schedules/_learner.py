@@ -215,6 +215,10 @@ def fit_cost(
     return dataclasses.replace(cost, shape_s=shapes), table
 
 
-def learner_from_config(config: ml_collections.ConfigDict) -> BenchLearner:
-    """The benchmark learner of a bench config (configs/bench_cpu.py)."""
+def learner_from_config(config: ml_collections.ConfigDict):
+    """The benchmark learner of a bench config (configs/bench_cpu.py): GRPO's or OPD's."""
+    if config.get("algorithm", "grpo") == "opd":
+        from thundersync_jax.bench.schedules._opd_learner import opd_learner_from_config
+
+        return opd_learner_from_config(config)
     return BenchLearner(config.model, config.optim, tuple(config.seq_buckets), seed=0)

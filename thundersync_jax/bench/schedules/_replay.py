@@ -15,6 +15,9 @@ import threading
 import time
 from collections.abc import Sequence
 
+import jax
+import numpy as np
+
 from thundersync_jax.bench.schedules._gc import collector_paused
 from thundersync_jax.bench.schedules._learner import BenchLearner, CalibrationSamples
 from thundersync_jax.schedule.learner_loop import run_learner_batch
@@ -32,6 +35,7 @@ class RoundResult:
       learner_idle_frac: 1 − busy / step time.
       tail_s: step time − rollout span.
       chunks: (rows, longest sequence, start, end) of every chunk.
+      chunk_items: the item ids of every chunk, in the same order.
       grads: ∇L of the step (for comparing schedules).
     """
 
@@ -42,6 +46,7 @@ class RoundResult:
     tail_s: float
     chunks: list[tuple[int, int, float, float]]
     grads: object
+    chunk_items: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
 
 
 def replay_step(
@@ -52,20 +57,23 @@ def replay_step(
     group_size: int,
     max_chunk_tokens: int,
     advance: bool,
+    max_chunk_items: int | None = None,
 ) -> RoundResult:
     """Replays `items` (arrival order) under `schedule`; see the module docstring.
 
     The cyclic garbage collector is off during the replay (`collector_paused`).
     """
     with collector_paused():
-        return _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, advance)
+        planner = Planner(
+            schedule, num_groups, group_size, max_chunk_tokens, max_chunk_items=max_chunk_items
+        )
+        return _replay(learner, items, planner, num_groups, group_size, advance)
 
 
-def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, advance):
-    planner = Planner(schedule, num_groups, group_size, max_chunk_tokens)
+def _replay(learner, items, planner, num_groups, group_size, advance):
     sizes: dict[int, int] = {}
-    for it in items:
-        sizes[it.group] = sizes.get(it.group, 0) + 1
+    for it in items:  # members: an OPD turn item closes its member only on the last turn
+        sizes[it.group] = sizes.get(it.group, 0) + int(it.closes_member)
     for k in range(num_groups):
         for _ in range(group_size - sizes.get(k, 0)):
             planner.drop_member(k)  # recorded traces may hold short groups
@@ -73,6 +81,12 @@ def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, 
     arrivals: queue.Queue = queue.Queue()
     put_times: list[float] = []
     chunk_log: list[tuple[int, int, float, float]] = []
+    chunk_items: list[tuple[str, ...]] = []
+
+    def log_chunk(chunk, start, end):
+        chunk_log.append((len(chunk), max(it.num_tokens for it in chunk), start, end))
+        chunk_items.append(tuple(it.item_id for it in chunk))
+
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731
 
@@ -92,7 +106,7 @@ def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, 
         learner.batch,
         learner.process,
         clock=clock,
-        on_chunk=lambda c, s, e: chunk_log.append((len(c), max(it.num_tokens for it in c), s, e)),
+        on_chunk=log_chunk,
         timeout_s=600.0,
     )
     opt_start = clock()
@@ -109,6 +123,7 @@ def _replay(learner, items, schedule, num_groups, group_size, max_chunk_tokens, 
         tail_s=step_time - span,
         chunks=chunk_log,
         grads=grads,
+        chunk_items=chunk_items,
     )
 
 
@@ -139,3 +154,13 @@ def calibration_pass(
         prev_end = end
     out.opt.append(res.step_time_s - prev_end)
     return out
+
+
+def rel_diff(a, b) -> float:
+    """‖a − b‖ / ‖b‖ over all leaves of two gradient pytrees."""
+    num = sum(
+        float(np.sum((np.asarray(x) - np.asarray(y)) ** 2))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+    den = sum(float(np.sum(np.asarray(y) ** 2)) for y in jax.tree.leaves(b))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))

@@ -24,7 +24,6 @@ import os
 import statistics
 from collections.abc import Sequence
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -37,7 +36,13 @@ from thundersync_jax.bench.schedules._learner import (
     fit_cost,
     learner_from_config,
 )
-from thundersync_jax.bench.schedules._replay import RoundResult, calibration_pass, replay_step
+from thundersync_jax.bench.schedules._opd_run import run_opd_seed
+from thundersync_jax.bench.schedules._replay import (
+    RoundResult,
+    calibration_pass,
+    rel_diff,
+    replay_step,
+)
 from thundersync_jax.schedule import schedules
 from thundersync_jax.sim._cost import CostModel
 
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 # A pipelined schedule (async) needs a second batch in flight: predicted only.
 MEASURED = tuple(s for s in schedules.NAMES if not schedules.get(s).pipelined)
 BENCH_FILE = "bench.json"
+ALGORITHMS = ("grpo", "opd")
 
 
 def _seed_trace(config, seed: int) -> list[sim.Arrival]:
@@ -59,16 +65,6 @@ def _seed_trace(config, seed: int) -> list[sim.Arrival]:
         seed=seed,
         step=config.trace_step,
     )
-
-
-def _rel_diff(a, b) -> float:
-    """‖a − b‖ / ‖b‖ over all leaves of two gradient pytrees."""
-    num = sum(
-        float(np.sum((np.asarray(x) - np.asarray(y)) ** 2))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    )
-    den = sum(float(np.sum(np.asarray(y) ** 2)) for y in jax.tree.leaves(b))
-    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
 
 
 def max_rows(config, group_size: int) -> int:
@@ -144,7 +140,7 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
                 measured[s].append(res)
                 paired[s].append(sim.simulate(trace, s, step_cost, mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
-        grad_diffs += [_rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
+        grad_diffs += [rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
     pooled, table = fit_cost(pool, learner.seq_buckets)
     simulated = {*schedules, "sync", "async"}
     at_start = {s: sim.simulate(trace, s, cost, mct) for s in simulated}
@@ -248,11 +244,20 @@ def run_benchmark(
         raise ValueError(
             f"rounds={config.rounds} must be >= 1, warmup={config.warmup} >= 0, seeds non-empty"
         )
+    algorithm = config.get("algorithm", "grpo")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is not valid; choose one of {ALGORITHMS}")
     learner = learner or learner_from_config(config)
+    run_seed = run_opd_seed if algorithm == "opd" else _run_seed
     with frozen_heap():  # cheap collections between timed passes (see _gc.py)
-        per_seed = [_run_seed(learner, config, int(seed)) for seed in config.seeds]
+        per_seed = [run_seed(learner, config, int(seed)) for seed in config.seeds]
+    summary = _summarize(per_seed, list(config.schedules))
+    if algorithm == "opd":  # the learner granularity each schedule ran at, per seed
+        for s, row in summary.items():
+            row["granularity"] = [p["granularity"][s] for p in per_seed]
     result = {
-        "schedules": _summarize(per_seed, list(config.schedules)),
+        "algorithm": algorithm,
+        "schedules": summary,
         "predicted_async_step_time_s": float(
             np.mean([p["predicted_async_step_time_s"] for p in per_seed])
         ),
@@ -281,6 +286,7 @@ def format_table(result: dict) -> str:
             f"{row.get('speedup_vs_sync', 1.0):8.2f} "
             f"{row.get('predicted_speedup_vs_sync', 1.0):7.2f} {row['learner_idle_frac']:6.3f} "
             f"{row['tail_s']:7.3f}"
+            + (f" {'/'.join(row['granularity'])}" if "granularity" in row else "")
         )
     if "calibration_spread" in result:
         lines.append(
