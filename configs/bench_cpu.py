@@ -24,7 +24,8 @@ balance (calibrated learner work / rollout span; arrival times are rescaled);
 sigma, group_icc, num_groups, group_size, mean_tokens (lognormal trace only);
 rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
 (score-gradient shapes; longer trajectories are clipped); max_chunk_tokens
-(the planner's packing budget); calibration_reps.
+(the planner's packing budget); calibration_reps; deterministic (exact tallies,
+`rl.deterministic`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # only add padding (rows to a power of two, lengths to the longest). Raise it to pack.
     c.max_chunk_tokens = 1
     c.calibration_reps = 7
+    c.deterministic = False  # rl.deterministic's exact tallies (issue 16's cost measurement)
     c.sweep = ml_collections.ConfigDict(dict(balances=(), sigmas=(0.5, 1.5), group_iccs=(0.0, 0.6)))
     if arg == "tiny":
         c.num_groups = 4

@@ -105,7 +105,7 @@ def test_replica_states_finalize_the_summed_exact_tallies_to_the_one_process_bit
     tallies = [accumulators.exact_tallies(r) for r in replicas]
     assert sorted(tallies[0]) == ["term/kl", "total"]
     summed = jax.tree.map(lambda *x: jnp.stack(x), *tallies)
-    summed = {key: _exact.sum_stacked(t) for key, t in summed.items()}
+    summed = jax.jit(accumulators.sum_exact_tallies)(summed)
     for p in range(REPLICAS):
         state = accumulators.with_batch_totals(replicas[p], b, n)
         got = _bits(acc.finalize(accumulators.with_exact_tallies(state, summed)))

@@ -17,6 +17,7 @@ from thundersync_jax.accumulators._advantages import (
 from thundersync_jax.accumulators._batch_totals import (
     batch_totals,
     exact_tallies,
+    sum_exact_tallies,
     with_batch_totals,
     with_exact_tallies,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "loss_agg_names",
     "opd",
     "reference",
+    "sum_exact_tallies",
     "register_advantage",
     "register_loss_agg",
     "regularizer",

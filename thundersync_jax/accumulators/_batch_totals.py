@@ -16,7 +16,7 @@ states are refused here (`batch_scope`), and the loop refuses it with several pr
 
 Deterministic mode (DESIGN §8): a float sum of the processes' partial gradients would
 depend on how groups were split between processes. Instead the processes sum their exact
-tallies (`exact_tallies`, an exact cross-process sum such as `_exact.sum_stacked`) and
+tallies (`exact_tallies`, stacked over processes and summed by `sum_exact_tallies`) and
 every process finalizes the SAME global tally (`with_exact_tallies`): the bits of the
 one-process run that folded every group, whatever P.
 """
@@ -94,6 +94,12 @@ def exact_tallies(state: Any) -> dict[str, _exact.ExactSum] | None:
     if isinstance(state, CombinedState):
         tallies.update({f"term/{name}": t for name, t in state.terms.items()})
     return tallies
+
+
+def sum_exact_tallies(stacked: dict[str, _exact.ExactSum]) -> dict[str, _exact.ExactSum]:
+    """Exact sums of `exact_tallies` stacked on a leading [P] axis (traceable: the
+    cross-process reduce of `learner.replicas.make_cross_process_sum`)."""
+    return {key: _exact.sum_stacked(tally) for key, tally in stacked.items()}
 
 
 def with_exact_tallies(state: Any, tallies: dict[str, _exact.ExactSum]) -> Any:
