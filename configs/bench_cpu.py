@@ -28,7 +28,8 @@ balance (calibrated learner work / rollout span; arrival times are rescaled);
 sigma, group_icc, num_groups, group_size, mean_tokens (lognormal trace only);
 rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
 (score-gradient shapes; longer trajectories are clipped); max_chunk_tokens
-(the planner's packing budget); calibration_reps.
+(the planner's packing budget); calibration_reps; deterministic (exact tallies,
+`rl.deterministic`; GRPO only).
 OPD keys: algorithm ("grpo" | "opd"); turns_sigma (spread of log turn counts); mean_tokens is
 then per turn; sigma / group_icc shape the turn durations (generation + tool); opd.mean_turns,
 opd.granularity ("turn" | "trajectory" | "auto"), opd.seg_buckets, opd.cache_buckets (the
@@ -64,6 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # only add padding (rows to a power of two, lengths to the longest). Raise it to pack.
     c.max_chunk_tokens = 1
     c.calibration_reps = 7
+    c.deterministic = False  # rl.deterministic's exact tallies (issue 16's cost measurement)
     c.algorithm = "grpo"  # or "opd" (the `opd` variant): multi-turn traces, segment learner
     c.turns_sigma = 1.0  # OPD: spread of log turn counts (heavy tail)
     c.opd = ml_collections.ConfigDict(

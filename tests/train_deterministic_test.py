@@ -1,46 +1,95 @@
-"""End to end, `rl.deterministic=True`: the streamed update is bitwise the synchronous one.
+"""End to end, `rl.deterministic=True`: every schedule, interrupted or not, ends at the same bits.
 
 GRPO on `configs/cpu.py:smoke` with no entropy or KL term (the warm start gives mixed
-groups, so the update is the pure policy-gradient term): `sync` and `stream` runs of the
-same seed end at byte-identical `final/model.safetensors`, with identical per-step rewards,
-after an update that really moved the parameters. One score-gradient call per trajectory
-and exactly associative tallies (DESIGN §8) make arrival order irrelevant to the bits.
-`TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
+groups, so the update is the pure policy-gradient term), two steps. `sync` runs through;
+`group` and `stream` are killed with SIGKILL inside their second step and rerun, resuming
+from the step-1 checkpoint. All three end at byte-identical `final/model.safetensors`, with
+identical per-step rewards and tokens, after updates that really moved the parameters.
+One score-gradient call per trajectory and exactly associative tallies (DESIGN §8) make
+arrival order irrelevant to the bits; a resumed batch starts from a whole checkpoint (the
+train state only: a batch's tallies are never saved half-folded) and resamples the same
+trajectories (keyed sampling), so the kill leaves no trace either.
+
+The runs share a persistent XLA cache (their programs are identical), so only the first
+compiles. `TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
 """
 
 import hashlib
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from configs import cpu
-from thundersync_jax import train
 from thundersync_jax.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-
-def _run(schedule, base):
-    c = cpu.get_config("smoke")
-    c.schedule, c.num_steps, c.seed = schedule, 1, 42
-    c.rl.deterministic = True
-    c.rl.entropy_coef = c.rl.kl_coef = 0.0
-    c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
-    c.rollout.snapshot_root = str(base / "shm")
-    c.metrics.timeline_every, c.metrics.tensorboard = 0, False
-    wd = base / schedule
-    train.run(c, str(wd))
-    with open(wd / "final" / "model.safetensors", "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return digest, read_metrics(str(wd / "metrics.jsonl"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 2
 
 
-def test_sync_and_stream_end_at_the_same_bits(tmp_path):
-    sync_digest, sync_metrics = _run("sync", tmp_path)
-    stream_digest, stream_metrics = _run("stream", tmp_path)
-    (m,) = sync_metrics
-    # A real update: mixed rewards in a group, a non-zero gradient, applied.
-    assert m["mixed_groups"] >= 1 and m["grad_norm"] > 0 and not m["update_skipped"]
-    assert [x["reward_mean"] for x in stream_metrics] == [m["reward_mean"]]
-    assert [x["tokens"] for x in stream_metrics] == [m["tokens"]]
-    assert stream_digest == sync_digest
+def _command(schedule, workdir, base):
+    sft = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
+    return [sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
+            f"--workdir={workdir}", f"--config.schedule={schedule}", f"--config.num_steps={STEPS}",
+            "--config.seed=42", "--config.rl.deterministic=True", "--config.rl.entropy_coef=0.0",
+            "--config.rl.kl_coef=0.0", f"--config.sft.cache_dir={sft}",
+            f"--config.rollout.snapshot_root={base / 'shm'}", "--config.checkpoint.every=1",
+            "--config.metrics.timeline_every=0", "--config.metrics.tensorboard=False"]  # fmt: skip
+
+
+def _env(base):
+    cache = str(base / "xla_cache")  # identical programs in every run: compile once
+    return dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=cache,
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+
+
+def _run(cmd, base):
+    out = subprocess.run(
+        cmd, cwd=REPO, env=_env(base), capture_output=True, text=True, timeout=1800
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def _killed_in_step_two_then_resumed(cmd, workdir, base):
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(base), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    first = os.path.join(workdir, "checkpoints", "1")
+    deadline = time.time() + 1500
+    while not os.path.isdir(first) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)  # inside the second step
+    assert proc.poll() is None, f"{cmd[5]}: the run ended before the kill (rc {proc.returncode})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(workdir, "final")), "killed after the last step"
+    _run(cmd, base)
+
+
+def _digest(workdir):
+    with open(os.path.join(workdir, "final", "model.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _per_step(workdir, key):
+    return [m[key] for m in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_every_schedule_and_a_killed_resume_end_at_the_same_bits(tmp_path):
+    wd = {s: str(tmp_path / s) for s in ("sync", "group", "stream")}
+    _run(_command("sync", wd["sync"], tmp_path), tmp_path)
+    for schedule in ("group", "stream"):
+        _killed_in_step_two_then_resumed(_command(schedule, wd[schedule], tmp_path), wd[schedule],
+                                         tmp_path)  # fmt: skip
+    # Real updates: mixed rewards in a group, a non-zero gradient, applied, every step.
+    assert all(n >= 1 for n in _per_step(wd["sync"], "mixed_groups"))
+    assert all(g > 0 for g in _per_step(wd["sync"], "grad_norm"))
+    assert not any(_per_step(wd["sync"], "update_skipped"))
+    for schedule in ("group", "stream"):
+        assert _per_step(wd[schedule], "step") == list(range(STEPS)), schedule
+        for key in ("reward_mean", "tokens"):
+            assert _per_step(wd[schedule], key) == _per_step(wd["sync"], key), (schedule, key)
+        assert _digest(wd[schedule]) == _digest(wd["sync"]), schedule

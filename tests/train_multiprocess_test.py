@@ -6,6 +6,8 @@ same final parameters within 1e-4 of the update and identical per-step rewards (
 sampling: a trajectory does not depend on which process samples it); replicas checked
 bitwise identical every step (debug mode). A SIGKILL of one process mid-run ends the run
 (no hang) and the relaunch resumes from the newest checkpoint to the uninterrupted result.
+With `rl.deterministic=True` (GRPO, one step) the two-process run is bitwise the run of one
+process on the same 4-device mesh: the batch end all-reduces exact fixed-point tallies.
 The warm start is trained once per family and shared through `sft.cache_dir`.
 """
 
@@ -31,14 +33,16 @@ FAMILIES = {
 }
 
 
-def _command(algo, workdir, base, processes, steps=STEPS):
+def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
+    """The run's command line; `launched` (default: processes > 1) starts it through
+    launch_local on 4 fake devices per process with an fsdp=2 x tp=2 mesh each."""
     module, config = FAMILIES[algo]
     cmd = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
            "--config.schedule=stream", f"--config.num_steps={steps}", "--config.seed=7",
            f"--config.sft.cache_dir={base / 'sft'}", "--config.checkpoint.every=1",
            f"--config.rollout.snapshot_root={base / 'shm'}", "--config.metrics.tensorboard=False",
            "--config.metrics.timeline_every=0"]  # fmt: skip
-    if processes == 1:
+    if not (processes > 1 if launched is None else launched):
         return cmd
     launcher = [sys.executable, "-m", "experiments.launch_local", f"--num_processes={processes}",
                 "--devices_per_process=4", "--grace_s=5", "--"]  # fmt: skip
@@ -109,6 +113,26 @@ def test_a_killed_process_ends_the_run_and_the_relaunch_resumes(runs):
     moved = _dist(_final(wd["one"]), _final(wd["init"]))
     assert d <= 1e-4 * moved, (algo, d, moved)
     assert _rewards(work) == _rewards(wd["two"])
+
+
+def test_deterministic_two_processes_are_bitwise_the_one_process_run(runs):
+    # rl.deterministic: the processes all-reduce their exact fixed-point tallies, so the
+    # 2-process run's update is bitwise that of ONE process on the same 4-device fsdp x tp
+    # mesh (same per-trajectory gradient programs) folding every group. One step, GRPO only
+    # (the exact sum is family-independent: tests/accumulators/exact_dp_test.py).
+    algo, base, wd = runs
+    if algo != "grpo":
+        pytest.skip("one family suffices for the exact all-reduce (suite time)")
+    det = ["--config.rl.deterministic=True", "--config.rl.entropy_coef=0.0",
+           "--config.rl.kl_coef=0.0"]  # fmt: skip
+    work = {p: str(base / f"det{p}") for p in (1, 2)}
+    for p in (1, 2):
+        _run([*_command(algo, work[p], base, p, steps=1, launched=True), *det])
+    one, two = _final(work[1]), _final(work[2])
+    assert _dist(one, _final(wd["init"])) > 0, "the deterministic step did not move"
+    assert sorted(one) == sorted(two)
+    assert all(one[k].tobytes() == two[k].tobytes() for k in one)
+    assert _rewards(work[2]) == _rewards(work[1])
 
 
 def _process_pid(launcher_pid: int, index: int) -> int:

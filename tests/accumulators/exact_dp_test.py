@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -74,3 +75,50 @@ def test_all_reduced_replicas_equal_one_process_bitwise(params, random_grad):
     want = acc.finalize(single)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a).view(np.int32), np.asarray(b).view(np.int32))
+
+
+def _bits(tree):
+    return [np.asarray(x).view(np.int32) for x in jax.tree.leaves(tree)]
+
+
+def test_replica_states_finalize_the_summed_exact_tallies_to_the_one_process_bits(
+    params, random_grad
+):
+    # The loop's data-parallel batch end: each replica's combined state (a policy total and
+    # a term with its own loss_agg mode), global counts, one exact sum over the stack.
+    policy = accumulators.grpo(K, G, advantage="grpo", deterministic=True)
+    acc = accumulators.combine(policy, kl=accumulators.regularizer(0.1, "token-mean"))
+    batch = _batch(random_grad)
+
+    def stream(members, seed):
+        state = acc.init(params)
+        for i in np.random.default_rng(seed).permutation(len(members)):
+            k, r, g, n = members[i]
+            state = acc.add(state, k, r, g, n)
+            state = acc.add_term(state, "kl", jax.tree.map(lambda x: 0.5 * x, g), n)
+        return state
+
+    single = stream(batch, seed=0)
+    replicas = [stream([t for t in batch if t[0] % REPLICAS == p], p + 1) for p in range(REPLICAS)]
+    b, n = (sum(accumulators.batch_totals(r)[i] for r in replicas) for i in (0, 1))
+    assert (b, n) == accumulators.batch_totals(single)
+    tallies = [accumulators.exact_tallies(r) for r in replicas]
+    assert sorted(tallies[0]) == ["term/kl", "total"]
+    summed = jax.tree.map(lambda *x: jnp.stack(x), *tallies)
+    summed = jax.jit(accumulators.sum_exact_tallies)(summed)
+    for p in range(REPLICAS):
+        state = accumulators.with_batch_totals(replicas[p], b, n)
+        got = _bits(acc.finalize(accumulators.with_exact_tallies(state, summed)))
+        want = _bits(acc.finalize(single))
+        assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True)), p
+    assert accumulators.exact_tallies(accumulators.grpo(K, G).init(params)) is None
+
+
+def test_summed_exact_tallies_past_the_headroom_are_a_clear_error(params):
+    acc = accumulators.grpo(K, G, advantage="grpo", deterministic=True)
+    state = acc.init(params)
+    full = state.total._replace(adds=jnp.int32(_exact.MAX_ADDS + 1))
+    with pytest.raises(ValueError, match=r"'total' holds \d+ adds summed over processes"):
+        accumulators.with_exact_tallies(state, {"total": full})
+    with pytest.raises(ValueError, match="do not match this state's"):
+        accumulators.with_exact_tallies(state, {"total": full, "term/kl": full})

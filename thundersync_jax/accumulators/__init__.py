@@ -14,7 +14,13 @@ from thundersync_jax.accumulators._advantages import (
     advantage_names,
     register_advantage,
 )
-from thundersync_jax.accumulators._batch_totals import batch_totals, with_batch_totals
+from thundersync_jax.accumulators._batch_totals import (
+    batch_totals,
+    exact_tallies,
+    sum_exact_tallies,
+    with_batch_totals,
+    with_exact_tallies,
+)
 from thundersync_jax.accumulators._combine import (
     CombinedAccumulator,
     CombinedState,
@@ -38,12 +44,15 @@ __all__ = [
     "advantage_names",
     "batch_totals",
     "combine",
+    "exact_tallies",
     "grpo",
     "loss_agg_names",
     "opd",
     "reference",
+    "sum_exact_tallies",
     "register_advantage",
     "register_loss_agg",
     "regularizer",
     "with_batch_totals",
+    "with_exact_tallies",
 ]

@@ -13,6 +13,12 @@ Every finalize (grpo, its exact mode, opd, combine) computes Z from the state's
 those two counts is the whole change; per-group advantages need nothing else. The `batch`
 advantage normalises over every reward of the batch, which one process does not hold: its
 states are refused here (`batch_scope`), and the loop refuses it with several processes.
+
+Deterministic mode (DESIGN §8): a float sum of the processes' partial gradients would
+depend on how groups were split between processes. Instead the processes sum their exact
+tallies (`exact_tallies`, stacked over processes and summed by `sum_exact_tallies`) and
+every process finalizes the SAME global tally (`with_exact_tallies`): the bits of the
+one-process run that folded every group, whatever P.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from thundersync_jax.accumulators import _exact
 from thundersync_jax.accumulators._combine import CombinedState
 
 
@@ -72,3 +79,51 @@ def _is_batch_scope(inner: Any) -> bool:
     shifts = getattr(inner, "shifts", None)
     rewards = getattr(inner, "rewards", None)
     return shifts is not None and rewards is not None and shifts.shape[0] != rewards.shape[0]
+
+
+def exact_tallies(state: Any) -> dict[str, _exact.ExactSum] | None:
+    """The exact tallies finalize reads ({"total": ..., "term/NAME": ...}); None if not exact.
+
+    `total` holds every folded group's contribution (and the regularizer terms that share
+    the policy's aggregation); a combined state's own-mode terms come as "term/NAME".
+    """
+    inner = _counted(state)
+    if not isinstance(getattr(inner, "total", None), _exact.ExactSum):
+        return None
+    tallies = {"total": inner.total}
+    if isinstance(state, CombinedState):
+        tallies.update({f"term/{name}": t for name, t in state.terms.items()})
+    return tallies
+
+
+def sum_exact_tallies(stacked: dict[str, _exact.ExactSum]) -> dict[str, _exact.ExactSum]:
+    """Exact sums of `exact_tallies` stacked on a leading [P] axis (traceable: the
+    cross-process reduce of `learner.replicas.make_cross_process_sum`)."""
+    return {key: _exact.sum_stacked(tally) for key, tally in stacked.items()}
+
+
+def with_exact_tallies(state: Any, tallies: dict[str, _exact.ExactSum]) -> Any:
+    """`state` finalizing `tallies` (e.g. the sums over every process) instead of its own.
+
+    Raises ValueError for a key `exact_tallies(state)` does not have, and when a summed
+    tally took more than `_exact.MAX_ADDS` adds (its integer limbs may have wrapped).
+    """
+    own = exact_tallies(state)
+    if own is None or set(tallies) != set(own):
+        raise ValueError(
+            f"exact tallies {sorted(tallies)} do not match this state's "
+            f"{None if own is None else sorted(own)}: pass `exact_tallies(state)` summed"
+        )
+    for key, tally in tallies.items():
+        adds = int(jnp.max(tally.adds))
+        if adds > _exact.MAX_ADDS:
+            raise ValueError(
+                f"exact tally {key!r} holds {adds} adds summed over processes, past "
+                f"_exact.MAX_ADDS={_exact.MAX_ADDS}: its limbs may have wrapped; use "
+                "smaller batches per step"
+            )
+    inner = _counted(state)._replace(total=tallies["total"])
+    if isinstance(state, CombinedState):
+        terms = {name: tallies[f"term/{name}"] for name in state.terms}
+        return state._replace(policy=inner, terms=terms)
+    return inner

@@ -235,6 +235,24 @@ def merge(a: ExactSum, b: ExactSum) -> tuple[ExactSum, jax.Array]:
     return ExactSum(jax.tree.map(one, a.limbs, b.limbs), adds), jnp.any(adds > MAX_ADDS)
 
 
+def sum_stacked(stacked: ExactSum) -> ExactSum:
+    """Exact sum over the leading axis of a stack of tallies (limbs [P, L + 1, ...], adds [P]).
+
+    The cross-process all-reduce of the data-parallel batch end (`learner.replicas`): with
+    the stack's axis sharded over processes, XLA lowers the max of the windows and the
+    integer sum to collectives. The result is bitwise `merge` of the P tallies in any order
+    (the caller checks `adds` against MAX_ADDS: the limbs may wrap past it).
+    """
+
+    def one(cells):
+        new_top = jnp.max(cells[:, NUM_LIMBS], axis=0) + EMPTY_TOP
+        aligned = jax.vmap(_aligned, in_axes=(0, None))(cells, new_top)
+        limbs = jnp.sum(aligned[:, :NUM_LIMBS], axis=0)
+        return jnp.concatenate([limbs, (new_top - EMPTY_TOP)[None]])
+
+    return ExactSum(jax.tree.map(one, stacked.limbs), jnp.sum(stacked.adds, axis=0))
+
+
 def psum(tally: ExactSum, axis_name) -> tuple[ExactSum, jax.Array]:
     """Exact sum of every replica's tally along `axis_name` (inside shard_map or pmap).
 

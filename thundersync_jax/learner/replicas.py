@@ -31,6 +31,9 @@ def _local_spec(leaf: jax.Array) -> PartitionSpec:
 
 def _lift(leaf: jax.Array, global_mesh: Mesh) -> jax.Array:
     """The process-local `leaf` as shard [process_index] of a global [P, ...] array."""
+    if len(leaf.addressable_shards) != global_mesh.devices[0].size:
+        # On fewer devices than the process's row (e.g. a tally counter): replicate it there.
+        leaf = jax.device_put(leaf, NamedSharding(_row_mesh(global_mesh), PartitionSpec()))
     spec = PartitionSpec(DP, *_local_spec(leaf))
     sharding = NamedSharding(global_mesh, spec)
     shape = (global_mesh.shape[DP], *leaf.shape)
@@ -55,8 +58,17 @@ def _lower(summed: jax.Array, like: jax.Array) -> jax.Array:
     return jax.make_array_from_single_device_arrays(like.shape, like.sharding, local)
 
 
-def make_cross_process_sum(global_mesh: Mesh):
-    """Returns sum(tree) -> tree: Σ over processes of every leaf, one jitted program per tree."""
+def _sum_leaves(stacked: Any) -> Any:
+    return jax.tree.map(lambda x: jnp.sum(x, axis=0), stacked)
+
+
+def make_cross_process_sum(global_mesh: Mesh, reduce=_sum_leaves):
+    """Returns sum(tree) -> tree: Σ over processes of every leaf, one jitted program per tree.
+
+    `reduce`: the stacked tree (every leaf [P, ...]) -> a tree of the same structure and
+    leaf shapes [...]; the default sums each leaf. Deterministic mode passes the exact sum
+    of fixed-point tallies (`accumulators._exact.sum_stacked`), not a float sum.
+    """
     cache: dict[Any, Any] = {}
 
     def summed(tree: Any) -> Any:
@@ -67,9 +79,11 @@ def make_cross_process_sum(global_mesh: Mesh):
             out = tuple(
                 NamedSharding(global_mesh, PartitionSpec(*x.sharding.spec[1:])) for x in lifted
             )
-            cache[key] = jax.jit(
-                lambda xs: tuple(jnp.sum(x, axis=0) for x in xs), out_shardings=out
-            )
+
+            def program(xs, treedef=treedef):
+                return tuple(jax.tree.leaves(reduce(jax.tree.unflatten(treedef, xs))))
+
+            cache[key] = jax.jit(program, out_shardings=out)
         result = cache[key](tuple(lifted))
         return jax.tree.unflatten(
             treedef, [_lower(r, x) for r, x in zip(result, leaves, strict=True)]

@@ -10,6 +10,9 @@ processes while rollouts and chunks run. At batch end:
 2. each finalizes its partial gradient with the GLOBAL counts
    (`accumulators.with_batch_totals`): −(1/Z) Σ over its own groups;
 3. one cross-process sum over `dp` (`learner.replicas.make_cross_process_sum`);
+   deterministic mode (`rl.deterministic`, DESIGN §8) sums the exact fixed-point tallies
+   instead (`accumulators.exact_tallies`, `sum_exact_tallies`) and every process
+   finalizes that one global tally: bitwise the one-process run, however groups were split;
 
 then every replica applies the same optax step to the same gradient, so replicas stay
 bitwise identical (checked every step with `distributed.debug_check_replicas`). With one
@@ -47,12 +50,14 @@ class DataParallel:
       global_mesh: the (dp, fsdp, tp) mesh (None with one process).
       cross_sum: tree -> Σ over processes of every leaf (None with one process).
       check_replicas: hash the train state on every process after each step.
+      exact_sum: exact tallies -> their exact Σ over processes (None with one process).
     """
 
     info: distributed.ProcessInfo
     global_mesh: Any = None
     cross_sum: Callable[[Any], Any] | None = None
     check_replicas: bool = False
+    exact_sum: Callable[[Any], Any] | None = None
 
     @classmethod
     def from_config(cls, config, info: distributed.ProcessInfo) -> DataParallel:
@@ -60,7 +65,8 @@ class DataParallel:
             return cls(info)
         mesh = distributed.global_mesh(int(config.mesh.fsdp), int(config.mesh.tp))
         check = bool(config.distributed.get("debug_check_replicas", False))
-        return cls(info, mesh, replicas.make_cross_process_sum(mesh), check)
+        exact = replicas.make_cross_process_sum(mesh, reduce=accumulators.sum_exact_tallies)
+        return cls(info, mesh, replicas.make_cross_process_sum(mesh), check, exact)
 
     @property
     def several(self) -> bool:
@@ -82,6 +88,10 @@ class DataParallel:
         b, n = (int(x) for x in counts.sum(axis=0))
         # The algorithms' per-batch states keep their accumulator state in `acc`.
         globally = accumulators.with_batch_totals(acc_state, b, n)
+        exact = accumulators.exact_tallies(globally)
+        if exact is not None:  # deterministic: one exact sum, then the same finalize everywhere
+            summed = accumulators.with_exact_tallies(globally, self.exact_sum(exact))
+            return learner.finalize(batch._replace(acc=summed))
         partial = learner.finalize(batch._replace(acc=globally))
         return self.cross_sum(partial)
 

@@ -60,9 +60,18 @@ class BenchLearner:
       optim_cfg: the `optim` section.
       seq_buckets: padded sequence lengths of the score-gradient function.
       seed: parameter-init seed.
+      deterministic: the accumulator's exact tallies (`rl.deterministic`, DESIGN §8).
     """
 
-    def __init__(self, model_cfg, optim_cfg, seq_buckets: Sequence[int], seed: int = 0):
+    def __init__(
+        self,
+        model_cfg,
+        optim_cfg,
+        seq_buckets: Sequence[int],
+        seed: int = 0,
+        deterministic: bool = False,
+    ):
+        self.deterministic = bool(deterministic)
         cfg = qwen3.Qwen3Config.from_config_dict(model_cfg)
         model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))
         self.vocab_size = cfg.vocab_size
@@ -80,7 +89,9 @@ class BenchLearner:
         """Starts a batch of `num_groups` × `group_size` on the current parameters."""
         if self._batch_shape != (num_groups, group_size):
             # A new accumulator (and its jitted add) only when the batch shape changes.
-            acc = accumulators.grpo(num_groups=num_groups, group_size=group_size)
+            acc = accumulators.grpo(
+                num_groups=num_groups, group_size=group_size, deterministic=self.deterministic
+            )
             self.grpo = grpo.batch_learner(acc, self.score_fn, PAD_ID)
             self._batch_shape = (num_groups, group_size)
         self.batch = self.grpo.init(self.state.params, 0)
@@ -217,8 +228,17 @@ def fit_cost(
 
 def learner_from_config(config: ml_collections.ConfigDict):
     """The benchmark learner of a bench config (configs/bench_cpu.py): GRPO's or OPD's."""
+    deterministic = bool(config.get("deterministic", False))
     if config.get("algorithm", "grpo") == "opd":
+        if deterministic:
+            # accumulators.opd has no exact tallies (rl.deterministic is GRPO's, DESIGN §8).
+            raise ValueError(
+                "bench config deterministic=True needs algorithm='grpo' "
+                "(the OPD accumulator has no exact tallies); got algorithm='opd'"
+            )
         from thundersync_jax.bench.schedules._opd_learner import opd_learner_from_config
 
         return opd_learner_from_config(config)
-    return BenchLearner(config.model, config.optim, tuple(config.seq_buckets), seed=0)
+    return BenchLearner(
+        config.model, config.optim, tuple(config.seq_buckets), seed=0, deterministic=deterministic
+    )
