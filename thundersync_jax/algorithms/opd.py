@@ -46,6 +46,7 @@ from thundersync_jax.algorithms.base import (
 )
 from thundersync_jax.learner import buckets
 from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.schedule import config_check
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
@@ -202,6 +203,11 @@ def check_config(config) -> None:
         raise ConfigError(
             f"rl.loss_agg={config.rl.loss_agg!r}: OPD is −(1/N) Σ over scored tokens; use "
             "'token-mean'"
+        )
+    if config_check.placement(config) == "host":
+        raise ConfigError(
+            "accum.placement='host' moves GRPO's per-open-group tallies to host memory; OPD "
+            "keeps one global tally and no per-group ones: use accum.placement='device'"
         )
     if config.get("teacher") is None:
         raise ConfigError(
