@@ -14,7 +14,11 @@ from thundersync_jax.accumulators._advantages import (
     advantage_names,
     register_advantage,
 )
-from thundersync_jax.accumulators._batch_totals import batch_totals, with_batch_totals
+from thundersync_jax.accumulators._batch_totals import (
+    batch_rewards,
+    batch_totals,
+    with_batch_totals,
+)
 from thundersync_jax.accumulators._combine import (
     CombinedAccumulator,
     CombinedState,
@@ -36,6 +40,7 @@ __all__ = [
     "GroupState",
     "Regularizer",
     "advantage_names",
+    "batch_rewards",
     "batch_totals",
     "combine",
     "grpo",

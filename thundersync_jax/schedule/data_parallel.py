@@ -5,9 +5,10 @@ k mod P = p, on its own engines, folding them into its own tallies: nothing cros
 processes while rollouts and chunks run. At batch end:
 
 1. the processes exchange a few numbers: each one's trajectory and token counts (Z of
-   every loss_agg mode: B, N; OPD's N) and its rewards and metric scalars (for the step's
-   metrics), in one small allgather;
-2. each finalizes its partial gradient with the GLOBAL counts
+   every loss_agg mode: B, N; OPD's N), with the `batch` advantage its rewards and member
+   counts ([K, G] + [K], for the batch-wide mean and std), in one small allgather; and its
+   rewards and metric scalars (for the step's metrics) in another;
+2. each finalizes its partial gradient with the GLOBAL counts (and rewards)
    (`accumulators.with_batch_totals`): −(1/Z) Σ over its own groups;
 3. one cross-process sum over `dp` (`learner.replicas.make_cross_process_sum`);
 
@@ -78,10 +79,20 @@ class DataParallel:
         if not self.several:
             return learner.finalize(batch)
         acc_state = learner.accumulator_state(batch)
-        counts = distributed.allgather(np.asarray(accumulators.batch_totals(acc_state), np.int64))
-        b, n = (int(x) for x in counts.sum(axis=0))
+        # float64 carries the counts and float32 rewards exactly; other processes' reward rows
+        # are zero in this state, so the sums are the batch's (`batch` advantage only).
+        rewards, members = accumulators.batch_rewards(acc_state)
+        local = [np.asarray(accumulators.batch_totals(acc_state), np.float64)]
+        if rewards is not None:
+            local += [rewards.reshape(-1).astype(np.float64), members.astype(np.float64)]
+        every = distributed.allgather(np.concatenate(local)).sum(axis=0)
+        b, n = (int(x) for x in every[:2])
+        if rewards is not None:
+            k = members.shape[0]
+            rewards = every[2 : 2 + rewards.size].reshape(rewards.shape)
+            members = every[2 + rewards.size : 2 + rewards.size + k]
         # The algorithms' per-batch states keep their accumulator state in `acc`.
-        globally = accumulators.with_batch_totals(acc_state, b, n)
+        globally = accumulators.with_batch_totals(acc_state, b, n, rewards, members)
         partial = learner.finalize(batch._replace(acc=globally))
         return self.cross_sum(partial)
 
