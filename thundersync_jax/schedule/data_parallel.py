@@ -36,7 +36,20 @@ SUMMED = ("tokens", "mixed_groups", "verifier_failures", "rollout_failures", "tu
 # Means over the batch's loss tokens (OPD's reverse-KL estimate): weighted by each one's tokens.
 TOKEN_MEANS = ("reverse_kl",)
 LARGEST = ("max_policy_lag", "open_groups_peak", "accum_bytes_peak", "compiles")
-PER_PROCESS = ("learner_busy_s",)
+# Means over the batch's learner items (trajectories / turns): weighted by each one's items.
+ITEM_MEANS = ("mean_policy_lag",)
+# Learner figures each process measures for its own groups: also reported as a list over
+# processes (`<name>_per_process`, process p at index p) in the metrics process 0 writes.
+PER_PROCESS = (
+    "learner_busy_s",
+    "mean_policy_lag",
+    "max_policy_lag",
+    "tokens",
+    "open_groups_peak",
+    "accum_bytes_peak",
+    "compiles",
+)
+_ITEMS = "__learner_items"  # the exchanged count of learner items (not a metric)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +117,20 @@ class DataParallel:
         """The step's metrics over every process's groups (identical on every process)."""
         if not self.several:
             return out
-        keys = sorted(k for k, v in out.items() if isinstance(v, (int, float, bool, np.number)))
-        local = np.asarray([float(out[k]) for k in keys], np.float64)
+        numbers = {k: v for k, v in out.items() if isinstance(v, (int, float, bool, np.number))}
+        numbers[_ITEMS] = len(tally.lags)
+        keys = sorted(numbers)
+        local = np.asarray([float(numbers[k]) for k in keys], np.float64)
         rewards = np.full((num_members, 2), np.nan)
         for row, (g, r) in enumerate(tally.rewards):
             rewards[row] = (g, r)
         every = distributed.allgather(np.concatenate([local, rewards.reshape(-1)]))
         scalars, gathered = every[:, : len(keys)], every[:, len(keys) :].reshape(-1, 2)
         merged = dict(out)
+        items = scalars[:, keys.index(_ITEMS)]
         for i, k in enumerate(keys):
+            if k == _ITEMS:
+                continue
             if k in SUMMED:
                 merged[k] = type(out[k])(scalars[:, i].sum())
             elif k in LARGEST:
@@ -120,8 +138,10 @@ class DataParallel:
             elif k in TOKEN_MEANS and "tokens" in keys:
                 weights = scalars[:, keys.index("tokens")]
                 merged[k] = round(float(scalars[:, i] @ weights / max(weights.sum(), 1.0)), 6)
+            elif k in ITEM_MEANS:
+                merged[k] = float(scalars[:, i] @ items / max(items.sum(), 1.0))
             if k in PER_PROCESS:
-                merged[f"{k}_per_process"] = [float(x) for x in scalars[:, i]]
+                merged[f"{k}_per_process"] = [type(out[k])(x) for x in scalars[:, i]]
         pairs = [(int(g), float(r)) for g, r in gathered if not np.isnan(g)]
         merged["reward_mean"] = tally_metrics(BatchTally(rewards=tuple(pairs)))["reward_mean"]
         return merged
