@@ -23,12 +23,18 @@ gradient streaming overlaps the learner's backward passes with the rollouts.
         16.4 GB/GPU; adapters, their grads, Adam state and 1 + 2·8 open-group tallies are a
         few GB; trajectories up to 16k tokens per chunk. Stream schedule.
   full: 4 rollout GPUs + 4 learner GPUs (mesh fsdp=1 x tp=4). bf16 params 13.4 GB/GPU, one
-        f32 gradient 26.7 GB, Adam 53.4 GB, one global tally 26.7 GB; per-open-group f32
-        tallies (2 x 26.7 GB per GPU for each open group) do not fit, so this variant uses the
-        `group` schedule (a group's backward passes start as soon as its rewards are in)
-        and 8k-token chunks.
+        f32 gradient 26.7 GB, its w·h staged for the host copy 26.7 GB, Adam 53.4 GB;
+        per-open-group f32 tallies (2 x 26.7 GB per GPU
+        for each open group) do not fit on the GPUs, so the tallies live in host memory
+        (`accum.placement="host"`, as the paper's accumulators): 1 + 2·8 tallies of 106.8 GB
+        = 1.82 TB of the node's 2 TB (DGX B200), plus the 53 GB /dev/shm weight snapshot, and
+        the stream schedule keeps 8 open groups; 8k-token chunks. Each chunk copies its w·h
+        (26.7 GB per GPU) to host memory; docs/scale_out.md has what that costs per chunk.
+        `--config.accum.placement=device --config.schedule=group` is the all-on-GPU fallback
+        (no open groups: a group's backward passes start once its rewards are in).
 Expect (`python -m thundersync_jax.learner.memory --config=configs/b200.py[:full]` prints the
-table): lora ≈ 108 GB and full ≈ 144 GB of the 162 GB usable per learner GPU.
+table): lora ≈ 108 GB and full ≈ 144 GB of the 162 GB usable per learner GPU; full ≈ 1.87 TB
+of the 1.95 TB of host memory budgeted per learner process.
 Step time depends on rollout length; the learner is idle for less than the rollout tail.
 """
 
@@ -89,6 +95,10 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
             num_gpus=8,
             gpu_memory_gb=gpu_memory_gb,
             memory_headroom=0.9,  # left to the XLA / CUDA runtime and fragmentation
+            # System memory of the node (DGX B200 and DGX H200: 2 TB); 5% (102 GB) is left to
+            # the OS, the engine processes and page cache. Host-resident tallies live here.
+            host_memory_gb=2048.0,
+            host_memory_headroom=0.95,
             rollout_gpus=4,
             rollout_tp=4,  # one engine, tensor parallel over the rollout GPUs
             learner_gpus=4,
@@ -109,7 +119,7 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
         c.optim.learning_rate = 1e-5
     else:
         c.lora.enabled = False
-        c.schedule = "group"  # no per-open-group tallies: see the module docstring
+        c.accum.placement = "host"  # open-group tallies do not fit the GPUs: see the docstring
         c.rollout.max_traj_tokens = 8192
         c.learner.seq_buckets = (1024, 2048, 4096, 8192)
         c.optim.learning_rate = 1e-6

@@ -84,6 +84,10 @@ def get_base_config() -> ml_collections.ConfigDict:
             deterministic=False,
         )
     )
+    # Where the accumulator's parameter-sized tallies live: "device", or "host" (host memory
+    # of the learner's devices, pinned where the platform has it; GRPO only). Host tallies
+    # free 2 tallies per open group of device memory at one host copy of w·h per chunk.
+    c.accum = ml_collections.ConfigDict(dict(placement="device"))
     c.optim = ml_collections.ConfigDict(
         dict(
             name="adamw",

@@ -31,6 +31,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = b200.node_config("H200", 141.0, arg or "lora")
     if c.lora.enabled:
         return c
+    # This recipe keeps everything on the GPUs (configs/b200.py:full moves the tallies to host).
+    c.schedule, c.accum.placement = "group", "device"
     c.node.rollout_gpus, c.node.rollout_tp, c.node.learner_gpus = 3, 1, 5
     c.rollout.num_engines = 3
     c.mesh.fsdp, c.mesh.tp = 5, 1

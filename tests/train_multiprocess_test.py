@@ -4,10 +4,12 @@ fsdp=2 x tp=2 each) against the one-process, one-device run of the same config.
 GRPO (`configs/cpu.py:smoke`, stream) and OPD (`configs/terminal_opd_cpu.py:smoke`): the
 same final parameters within 1e-4 of the update and identical per-step rewards (keyed
 sampling: a trajectory does not depend on which process samples it); replicas checked
-bitwise identical every step (debug mode). A SIGKILL of one process mid-run ends the run
-(no hang) and the relaunch resumes from the newest checkpoint to the uninterrupted result.
-With `rl.deterministic=True` (GRPO, one step) the two-process run is bitwise the run of one
-process on the same 4-device mesh: the batch end all-reduces exact fixed-point tallies.
+bitwise identical every step (debug mode); process 0's metrics carry every process's
+learner figures. The `batch` advantage (batch-wide mean and std) matches too. A SIGKILL of
+one process mid-run ends the run (no hang) and the relaunch resumes from the newest checkpoint
+to the uninterrupted result. With `rl.deterministic=True` (GRPO, one step) the two-process run
+is bitwise the run of one process on the same 4-device mesh: the batch end all-reduces exact
+fixed-point tallies.
 The warm start is trained once per family and shared through `sft.cache_dir`.
 """
 
@@ -87,7 +89,26 @@ def test_two_processes_end_at_the_one_process_parameters(runs):
     assert d <= 1e-4 * moved, (algo, d, moved)
     assert _rewards(wd["two"]) == _rewards(wd["one"]), algo
     metrics = read_metrics(os.path.join(wd["two"], "metrics.jsonl"))
-    assert all(len(m["learner_busy_s_per_process"]) == 2 for m in metrics)
+    one_metrics = read_metrics(os.path.join(wd["one"], "metrics.jsonl"))
+    for m, single in zip(metrics, one_metrics, strict=True):  # process 0 writes every process's
+        for name in ("learner_busy_s", "mean_policy_lag", "tokens", "open_groups_peak"):
+            assert len(m[f"{name}_per_process"]) == 2, name
+        assert sum(m["tokens_per_process"]) == m["tokens"] == single["tokens"]
+        assert m["mean_policy_lag"] == single["mean_policy_lag"]
+
+
+def test_batch_advantage_two_processes_match_one_process(runs):
+    """`rl.advantage=batch`: the batch's rewards are exchanged at batch end (1 step each)."""
+    algo, base, wd = runs
+    if algo != "grpo":
+        pytest.skip("the batch advantage is GRPO's")
+    work = {n: str(base / f"batch_{n}") for n in ("one", "two")}
+    for name, processes in (("one", 1), ("two", 2)):
+        _run([*_command(algo, work[name], base, processes, steps=1), "--config.rl.advantage=batch"])
+    moved = _dist(_final(work["one"]), _final(wd["init"]))
+    assert moved > 0
+    assert _dist(_final(work["two"]), _final(work["one"])) <= 1e-4 * moved
+    assert _rewards(work["two"]) == _rewards(work["one"])
 
 
 def test_a_killed_process_ends_the_run_and_the_relaunch_resumes(runs):

@@ -80,7 +80,45 @@ def test_totals_below_the_states_own_are_refused():
         accumulators.with_batch_totals(state, 1, 1)
 
 
-def test_batch_advantage_is_refused():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_batch_advantage_takes_the_batch_rewards(deterministic):
+    """`batch`: each part finalized with the summed rewards and members gives the batch's ∇L."""
+    rewards, grads, tokens = _batch(seed=3)
+    acc = accumulators.grpo(K, G, advantage="batch", deterministic=deterministic)
+    parts = [
+        _fold(acc, [k for k in range(K) if k % 2 == p], rewards, grads, tokens) for p in (0, 1)
+    ]
+    totals = np.sum([accumulators.batch_totals(s) for s in parts], axis=0)
+    gathered = [accumulators.batch_rewards(s) for s in parts]
+    batch_r = sum(r for r, _ in gathered)
+    batch_m = sum(m for _, m in gathered)
+    summed = sum(
+        np.asarray(
+            acc.finalize(accumulators.with_batch_totals(s, *totals, batch_r, batch_m))["w"],
+            np.float64,
+        )
+        for s in parts
+    )
+    eps, w = 1e-6, 1.0 / tokens
+    adv = (rewards - rewards.mean()) / (rewards.std(ddof=1) + eps)  # batch-wide mean and std
+    oracle = -(adv[..., None] * w[..., None] * grads).sum((0, 1)) / (K * G)
+    np.testing.assert_allclose(summed, oracle, rtol=1e-5, atol=1e-7)
+    whole = np.asarray(acc.finalize(_fold(acc, range(K), rewards, grads, tokens))["w"])
+    np.testing.assert_allclose(summed, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_batch_advantage_needs_the_batch_rewards():
+    rewards, grads, tokens = _batch()
     acc = accumulators.grpo(K, G, advantage="batch")
-    with pytest.raises(ValueError, match="batch"):
-        accumulators.with_batch_totals(acc.init({"w": jnp.zeros(1)}), 5, 5)
+    part = _fold(acc, [0, 2], rewards, grads, tokens)
+    with pytest.raises(ValueError, match="pass the batch's rewards and members"):
+        accumulators.with_batch_totals(part, K * G, int(tokens.sum()))
+    own_r, own_m = accumulators.batch_rewards(part)
+    with pytest.raises(ValueError, match="disagree with this state's own groups"):
+        accumulators.with_batch_totals(part, K * G, int(tokens.sum()), own_r + 1, own_m + G)
+    with pytest.raises(ValueError, match="members sum to 6"):
+        accumulators.with_batch_totals(part, K * G, int(tokens.sum()), own_r, own_m)
+    per_group = _fold(accumulators.grpo(K, G), [0], rewards, grads, tokens)
+    assert accumulators.batch_rewards(per_group) == (None, None)
+    with pytest.raises(ValueError, match="need only the counts"):
+        accumulators.with_batch_totals(per_group, K * G, 99, own_r, own_m)

@@ -47,8 +47,10 @@ def setup(tiny_policy):
     return params, score_fn, trajs
 
 
-def _run(schedule, params, score_fn, trajs, order, loss_agg, max_items=None):
-    acc = accumulators.grpo(num_groups=K, group_size=G, loss_agg=loss_agg, max_len=32)
+def _run(schedule, params, score_fn, trajs, order, loss_agg, max_items=None, placement="device"):
+    acc = accumulators.grpo(
+        num_groups=K, group_size=G, loss_agg=loss_agg, max_len=32, placement=placement
+    )
     learner = grpo.batch_learner(acc, score_fn, pad_id=0)
     q: queue.Queue = queue.Queue()
     for t, (k, m) in enumerate(order):
@@ -77,6 +79,21 @@ def test_every_schedule_matches_synchronous_reference(setup, loss_agg):
         assert metrics["mixed_groups"] == 2  # group 1's rewards tie
         assert metrics["reward_mean"] == pytest.approx(np.mean([t.reward for t in trajs.values()]))
         assert metrics["max_policy_lag"] == metrics["mean_policy_lag"] == 0
+
+
+def test_host_tallies_stream_run_equals_device_tallies_run(setup):
+    """accum.placement='host': the stream learner ends at the device-tally run's bits."""
+    params, score_fn, trajs = setup
+    keys = sorted(trajs)
+    order = [keys[i] for i in np.random.default_rng(1).permutation(len(keys))]
+    runs = {
+        placement: _run("stream", params, score_fn, trajs, order, "token-mean", placement=placement)
+        for placement in ("device", "host")
+    }
+    (device, device_metrics), (host, host_metrics) = runs["device"], runs["host"]
+    for a, b in zip(jax.tree.leaves(device), jax.tree.leaves(host), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert host_metrics == device_metrics
 
 
 def test_one_item_chunks_under_deterministic(setup):

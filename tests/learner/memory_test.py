@@ -22,9 +22,22 @@ def test_gpu_configs_fit(module, variant):
 
 def test_full_stream_with_open_group_tallies_does_not_fit_on_b200():
     c = b200.get_config("full")
-    c.schedule = "stream"  # 1 + 2·8 param-sized float32 tallies
+    c.accum.placement = "device"  # 1 + 2·8 param-sized float32 tallies on the GPUs
     plan = memory.plan(c)
-    assert plan.open_group_tallies == 16 and not plan.fits
+    assert c.schedule == "stream" and plan.open_group_tallies == 16 and not plan.fits
+
+
+def test_full_b200_keeps_8_open_groups_with_host_tallies():
+    c = b200.get_config("full")
+    plan = memory.plan(c)
+    assert c.schedule == "stream" and c.accum.placement == "host"
+    assert plan.open_group_tallies == 2 * 8 and plan.fits, plan.table()
+    assert plan.tallies == 0 and plan.staging == plan.grads  # the w·h copy is staged on device
+    # 17 tallies of every trainable param, f32, for the process's 4 devices: 1.8 TB of host.
+    assert plan.host_tallies == 17 * 4 * plan.grads
+    assert 1.7e12 < plan.host_tallies < plan.host_capacity < 2048e9
+    c.node.host_memory_gb = 1024.0  # a node with 1 TB of host memory cannot hold them
+    assert not memory.plan(c).fits
 
 
 def _tiny_config(fsdp, tp, lora_enabled=False):

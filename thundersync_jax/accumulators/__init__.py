@@ -15,6 +15,7 @@ from thundersync_jax.accumulators._advantages import (
     register_advantage,
 )
 from thundersync_jax.accumulators._batch_totals import (
+    batch_rewards,
     batch_totals,
     exact_tallies,
     sum_exact_tallies,
@@ -42,6 +43,7 @@ __all__ = [
     "GroupState",
     "Regularizer",
     "advantage_names",
+    "batch_rewards",
     "batch_totals",
     "combine",
     "exact_tallies",

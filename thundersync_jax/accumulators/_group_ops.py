@@ -14,7 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from thundersync_jax.accumulators import _callables, _errors
+from thundersync_jax.accumulators import _callables, _errors, _host, _tally_updates
 from thundersync_jax.accumulators._advantages import affine_coefficients
 from thundersync_jax.accumulators._group_state import CLOSED, NEW, OPEN, GroupConfig, GroupState
 
@@ -128,81 +128,6 @@ def _bookkeeping(
     return small, plan, code
 
 
-def _map_leaves(fn, num_outputs: int, *trees):
-    """Applies fn leaf-wise to trees shaped like the first; returns num_outputs trees."""
-    treedef = jax.tree.structure(trees[0])
-    leaves = [treedef.flatten_up_to(tree) for tree in trees]
-    outs = [fn(*xs) for xs in zip(*leaves, strict=True)]
-    return tuple(treedef.unflatten([out[i] for out in outs]) for i in range(num_outputs))
-
-
-def _increment(grad, ok, weight):
-    # jnp.where, not multiplication by ok: a rejected grad may hold NaN, and NaN·0 = NaN.
-    return jax.tree.map(lambda g: jnp.where(ok, g.astype(jnp.float32) * weight, 0.0), grad)
-
-
-# Tally updates are written so XLA keeps the donated [M, ...] stacks in place: within one
-# step a stack is only written (scatter-add / scatter-multiply into one slot) and then
-# read, never read and then written. A lax.cond fold, or zeroing a slot right after
-# reading it, made XLA copy every stack (2M tallies of temporaries per add, measured
-# with memory_analysis on CPU). So folding only *reads* a slot into `total`, and a
-# freed slot is zeroed when the next group takes it ("fresh").
-
-
-def _keep(fresh):
-    return jnp.where(fresh, 0.0, 1.0)
-
-
-@jax.jit
-def _add_to_slot(total, shifted, plain, grad, ok, weight, offset, slot, fresh, fold, scale, shift):
-    """R'[slot] += (r − c)·w·h, H[slot] += w·h; if `fold`, total += scale·R' + shift·H."""
-    inc = _increment(grad, ok, weight)
-    scale = jnp.where(fold, scale, 0.0)
-    shift = jnp.where(fold, shift, 0.0)
-
-    def one(t, r, h, x):
-        r = r.at[slot].multiply(_keep(fresh)).at[slot].add(offset * x)
-        h = h.at[slot].multiply(_keep(fresh)).at[slot].add(x)
-        return t + (scale * r[slot] + shift * h[slot]), r, h
-
-    return _map_leaves(one, 3, total, shifted, plain, inc)
-
-
-def _bucket_sum(advantages, b, slot):
-    # Unrolled over buckets: a tensordot over b[slot] made XLA copy the bucket stack.
-    return sum(advantages[j] * b[slot, j] for j in range(b.shape[1]))
-
-
-@jax.jit
-def _add_to_bucket(total, buckets, grad, ok, weight, slot, bucket, fresh, fold, advantages):
-    """B[slot, bucket] += w·h; if `fold`, total += Σ_j A_j·B[slot, j]."""
-    inc = _increment(grad, ok, weight)
-    advantages = jnp.where(fold, advantages, 0.0)
-
-    def one(t, b, x):
-        b = b.at[slot].multiply(_keep(fresh)).at[slot, bucket].add(x)
-        return t + _bucket_sum(advantages, b, slot), b
-
-    return _map_leaves(one, 2, total, buckets, inc)
-
-
-@jax.jit
-def _fold_slot(total, shifted, plain, slot, fold, scale, shift):
-    """If `fold`: total += scale·R'[slot] + shift·H[slot] (the slot is zeroed on reuse)."""
-    scale = jnp.where(fold, scale, 0.0)
-    shift = jnp.where(fold, shift, 0.0)
-    return jax.tree.map(
-        lambda t, r, h: t + (scale * r[slot] + shift * h[slot]), total, shifted, plain
-    )
-
-
-@jax.jit
-def _fold_buckets(total, buckets, slot, fold, advantages):
-    """If `fold`: total += Σ_j A_j·B[slot, j] (the slot is zeroed on reuse)."""
-    advantages = jnp.where(fold, advantages, 0.0)
-    return jax.tree.map(lambda t, b: t + _bucket_sum(advantages, b, slot), total, buckets)
-
-
 @functools.partial(jax.jit, static_argnames="batch_scope")
 def _release(small: GroupState, k, slot, close, *, batch_scope) -> GroupState:
     """Marks group k closed (if `close`) and frees its slot for the next group."""
@@ -251,14 +176,24 @@ def _small(state: GroupState) -> GroupState:
 
 
 def _tallies_into(
-    small: GroupState, total, shifted=None, plain=None, buckets=None, *, like: GroupState
+    small: GroupState,
+    total,
+    shifted=None,
+    plain=None,
+    buckets=None,
+    *,
+    like: GroupState,
+    host: bool = False,
 ):
-    return small._replace(
+    tallies = dict(
         total=total,
         shifted=like.shifted if shifted is None else shifted,
         plain=like.plain if plain is None else plain,
         buckets=like.buckets if buckets is None else buckets,
     )
+    if host:  # under jit, a tally passed through unchanged would come out in device memory
+        tallies = _host.keep_on_host(tallies)
+    return small._replace(**tallies)
 
 
 def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight, plan: _Plan):
@@ -269,7 +204,7 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
         else:
             fold, (scale, shift) = plan.full, _affine_coefficients(cfg, small, plan.k)
         adv_code = jnp.int32(0)
-        total, shifted, plain = _add_to_slot(
+        total, shifted, plain = _tally_updates.for_placement(cfg.placement).add_to_slot(
             state.total,
             state.shifted,
             state.plain,
@@ -288,7 +223,7 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
         advantages, adv_code = _bucket_advantages(cfg, small, plan.k, plan.slot, plan.full)
         # A bad callable output folds nothing; the recorded error makes finalize NaN.
         small = record_error(cfg.on_invalid, small, adv_code, plan.k, 0.0, 1)
-        total, buckets = _add_to_bucket(
+        total, buckets = _tally_updates.for_placement(cfg.placement).add_to_bucket(
             state.total,
             state.buckets,
             grad,
@@ -302,7 +237,7 @@ def _apply(cfg: GroupConfig, state: GroupState, small: GroupState, grad, weight,
         )
         tallies = dict(buckets=buckets)
     small = _release(small, plan.k, plan.slot, plan.full, batch_scope=cfg.batch_scope)
-    return _tallies_into(small, total, **tallies, like=state), adv_code
+    return _tallies_into(small, total, **tallies, like=state, host=cfg.host), adv_code
 
 
 def add(cfg: GroupConfig, state: GroupState, group, reward, grad, num_tokens, count, weighted):
@@ -345,12 +280,12 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
     slot = jnp.maximum(small.slot_of_group[k], 0)
     if cfg.batch_scope:
         small = _release(small, k, slot, fold, batch_scope=True)
-        return _tallies_into(small, state.total, like=state), code
+        return _tallies_into(small, state.total, like=state, host=cfg.host), code
     # A group that never got a member has no slot: close it without touching tallies.
     fold_tallies = fold & (small.slot_of_group[k] >= 0)
     if cfg.advantage.affine:
         scale, shift = _affine_coefficients(cfg, small, k)
-        total = _fold_slot(
+        total = _tally_updates.for_placement(cfg.placement).fold_slot(
             state.total, state.shifted, state.plain, slot, fold_tallies, scale, shift
         )
     else:
@@ -358,22 +293,24 @@ def close(cfg: GroupConfig, state: GroupState, group) -> tuple[GroupState, jax.A
         small = record_error(cfg.on_invalid, small, adv_code, k, jnp.float32(0.0), 1)
         code = code | adv_code
         fold_tallies = fold_tallies & (adv_code == 0)
-        total = _fold_buckets(state.total, state.buckets, slot, fold_tallies, advantages)
+        total = _tally_updates.for_placement(cfg.placement).fold_buckets(
+            state.total, state.buckets, slot, fold_tallies, advantages
+        )
     small = _release(small, k, slot, fold, batch_scope=False)
-    return _tallies_into(small, total, like=state), code
+    return _tallies_into(small, total, like=state, host=cfg.host), code
 
 
 def finalize(cfg: GroupConfig, state: GroupState):
     """∇L = −(1/Z) · total; NaN everywhere when an error was recorded or a group is open."""
-    total = state.total
+    total, updates = state.total, _tally_updates.for_placement(cfg.placement)
     if cfg.batch_scope:
         members = jnp.arange(cfg.group_size)[None, :] < state.members[:, None]
         offsets = jnp.where(members, state.rewards - state.shifts[0], 0.0).reshape(-1)
         coefficients = affine_coefficients(cfg.advantage.fn, cfg.eps, cfg.std_ddof)
         scale, offset = coefficients(offsets, members.reshape(-1), state.shifts[0])
-        total = jax.tree.map(
-            lambda t, r, h: t + (scale * r[0] + offset * h[0]), total, state.shifted, state.plain
-        )
+        total = updates.batch_total(total, state.shifted, state.plain, scale, offset)
+    elif cfg.host:  # only the global tally comes back to the device, once per step
+        total = _host.to_device(total)
     z = cfg.loss_agg.normalizer(state.num_trajectories, state.num_tokens, cfg.max_len)
     z = jnp.where(z > 0, z, 1.0)  # empty batch: the gradient is zero, not 0/0
     bad = (state.error != 0) | jnp.any(state.status == OPEN)

@@ -24,7 +24,8 @@ class GroupState(NamedTuple):
     (and sharding); a leading [S] or [S, nb] axis stacks them. In deterministic
     mode `total` and `buckets` are `_exact.ExactSum` int32-limb tallies (with
     lead () and [S, nb]), every estimator uses buckets, and `shifted`/`plain`
-    are empty ([0] stacks).
+    are empty ([0] stacks). With placement "host" the four tallies live in the
+    host memory of the params' devices (`_host`); the small arrays stay on device.
 
     Attributes:
       total: like params. Σ A_i w_i h_i over closed groups, plus regularizer terms.
@@ -86,6 +87,11 @@ class GroupConfig(NamedTuple):
     max_buckets: int
     on_invalid: str
     deterministic: bool = False
+    placement: str = "device"  # "host": parameter-sized tallies in host memory (`_host`)
+
+    @property
+    def host(self) -> bool:
+        return self.placement == "host"
 
     @property
     def batch_scope(self) -> bool:
@@ -117,15 +123,15 @@ def init_state(cfg: GroupConfig, params) -> GroupState:
         total = _exact.zeros(params)
         buckets = _exact.zeros(params, cfg.bucket_slots, nb)
     else:
-        total = _tallies.zeros_like_params(params)
-        buckets = _tallies.stacked_zeros(params, cfg.bucket_slots, nb)
+        total = _tallies.zeros_like_params(params, host=cfg.host)
+        buckets = _tallies.stacked_zeros(params, cfg.bucket_slots, nb, host=cfg.host)
     # Small bookkeeping arrays come from numpy: no per-shape fill kernel to compile.
     i32 = lambda v, shape=(): jnp.asarray(np.full(shape, v, np.int32))
     f32 = lambda shape: jnp.asarray(np.zeros(shape, np.float32))
     return GroupState(
         total=total,
-        shifted=_tallies.stacked_zeros(params, cfg.affine_slots),
-        plain=_tallies.stacked_zeros(params, cfg.affine_slots),
+        shifted=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
+        plain=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
         buckets=buckets,
         bucket_values=f32((cfg.bucket_slots, nb)),
         bucket_used=i32(0, (cfg.bucket_slots,)),

@@ -21,7 +21,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from thundersync_jax.accumulators import _callables, _errors, _exact, _exact_group_ops, _group_ops
+from thundersync_jax.accumulators import (
+    _callables,
+    _errors,
+    _exact,
+    _exact_group_ops,
+    _group_ops,
+    _host,
+)
 from thundersync_jax.accumulators._advantages import GroupFn, resolve_advantage
 from thundersync_jax.accumulators._group_state import (
     OPEN,
@@ -122,6 +129,7 @@ def grpo(
     max_buckets: int = 8,
     on_invalid: str = "raise",
     deterministic: bool = False,
+    placement: str = "device",
 ) -> GroupAccumulator:
     """A streaming accumulator whose `finalize` equals the batch-synchronous GRPO gradient.
 
@@ -154,6 +162,11 @@ def grpo(
         (4 limbs and a window per element, see `_exact`). Accuracy ≤ ~1e-7 relative to
         float64; running out of headroom (over `_exact.MAX_ADDS` adds into one tally) or float32
         range is recorded as an error, never wrapped silently.
+      placement: "device", or "host" to keep the parameter-sized tallies in the host
+        memory of the params' devices (pinned where the platform has it, `_host`): each
+        add computes w·h on the device and folds it into its slot on the host in one
+        asynchronous program; finalize brings the global tally back. Not with
+        deterministic=True.
 
     Errors: eager calls raise ValueError naming the bad value (non-finite reward
     or gradient leaf, group out of range, add to a closed group, more than
@@ -180,6 +193,14 @@ def grpo(
         raise ValueError(f"max_open_groups must be >= 1 or None, got {max_open_groups!r}")
     if max_buckets < 1:
         raise ValueError(f"max_buckets must be >= 1, got {max_buckets!r}")
+    _host.check_placement(placement)
+    if placement == "host" and deterministic:
+        raise ValueError(
+            "placement='host' keeps float32 tallies; deterministic=True needs the exact "
+            "int32-limb tallies on the device: use placement='device'"
+        )
+    if placement == "host":
+        _host.host_memory_kind()  # fails now, naming the platform, if it has no host space
     resolved = resolve_advantage(advantage, group_size)
     batch_wide = deterministic and resolved.scope == "batch"
     cfg = GroupConfig(
@@ -195,6 +216,7 @@ def grpo(
         max_buckets=min(max_buckets, group_size * (num_groups if batch_wide else 1)),
         on_invalid=on_invalid,
         deterministic=bool(deterministic),
+        placement=placement,
     )
     ops = _exact_group_ops if cfg.deterministic else _group_ops
 

@@ -8,9 +8,16 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from thundersync_jax.accumulators import _host
 
-def zeros_like_params(params):
-    """A float32 zero tally per leaf; `zeros_like` keeps each leaf's sharding."""
+
+def zeros_like_params(params, host: bool = False):
+    """A float32 zero tally per leaf; `zeros_like` keeps each leaf's sharding.
+
+    host: made directly in the host memory of the leaf's devices (never on the device).
+    """
+    if host:
+        return stacked_zeros(params, host=True)
     return jax.tree.map(lambda p: jnp.zeros_like(p, dtype=jnp.float32), params)
 
 
@@ -29,13 +36,16 @@ def _unsharded_stacked_zeros(params, lead_dims):
     return jax.tree.map(lambda p: jnp.zeros(lead_dims + jnp.shape(p), jnp.float32), params)
 
 
-def stacked_zeros(params, *lead_dims: int):
+def stacked_zeros(params, *lead_dims: int, host: bool = False):
     """Zero tallies of shape lead_dims + leaf.shape, sharded like the leaf on its own axes.
 
     The slot axes are never sharded, so each slot's tally is laid out exactly
-    like the parameter it accumulates.
+    like the parameter it accumulates. host: in the host memory of the leaf's devices
+    (`_host.host_sharding`), made there directly.
     """
     leaves = jax.tree.leaves(params)
+    if host:
+        return _host_zeros(params, tuple(lead_dims))
     if not any(_stacked_sharding(p, len(lead_dims)) for p in leaves):
         return _unsharded_stacked_zeros(params, tuple(lead_dims))
 
@@ -47,6 +57,27 @@ def stacked_zeros(params, *lead_dims: int):
         return jnp.zeros(shape, jnp.float32, device=sharding)
 
     return jax.tree.map(one, params)
+
+
+def _host_stacked_sharding(leaf, lead: int):
+    sharding = _host.host_sharding(leaf)
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    spec = tuple(sharding.spec) + (None,) * (jnp.ndim(leaf) - len(sharding.spec))
+    spec = PartitionSpec(*((None,) * lead + spec))
+    return NamedSharding(sharding.mesh, spec, memory_kind=sharding.memory_kind)
+
+
+def _host_zeros(params, lead_dims: tuple[int, ...]):
+    """Zeros made by one program whose outputs live in host memory (never on the device)."""
+    shapes = jax.tree.map(lambda p: lead_dims + tuple(jnp.shape(p)), params)
+    zeros = lambda: jax.tree.map(
+        lambda shape: jnp.zeros(shape, jnp.float32), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    if any(isinstance(p, jax.core.Tracer) for p in jax.tree.leaves(params)):
+        return _host.to_host(zeros())  # under a trace: an annotated transfer
+    shardings = jax.tree.map(lambda p: _host_stacked_sharding(p, len(lead_dims)), params)
+    return jax.jit(zeros, out_shardings=shardings)()
 
 
 def scaled_sum(coefficients, tallies):

@@ -30,6 +30,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
     verifier_failure,
 )
+from thundersync_jax.schedule import config_check
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
 
@@ -84,6 +85,7 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
     # A combined accumulator wraps the policy's; w_i is the policy's loss weight.
     loss_weight = getattr(acc, "policy", acc).loss_weight
     add_terms = _terms.TermAdder(acc, regularizer_fn)
+    host_tallies = getattr(getattr(acc, "policy", acc).config, "host", False)
 
     def init(params, version: int, base_params=None, enforce_version: bool = True) -> GrpoState:
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
@@ -105,8 +107,10 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         acc_state = add_terms(acc_state, p.params, p.base_params, tokens, mask, weights)
         # JAX dispatches asynchronously: wait here so the learner loop's timings (busy time,
         # idle fraction, the timeline) measure the work, and the planner's next decision is
-        # taken when the learner is really free, not with an unbounded backlog queued.
-        jax.block_until_ready(acc_state)
+        # taken when the learner is really free, not with an unbounded backlog queued. Host
+        # tallies: wait for the device's part only (the score gradient); the copy of w·h
+        # and the host add run on while the next chunk is packed and dispatched.
+        jax.block_until_ready(h if host_tallies else acc_state)
         tally = state.tally.add(
             tokens=n,
             rewards=[(it.group, float(it.reward)) for it in chunk],
@@ -146,6 +150,7 @@ def accumulator(config) -> Any:
         max_open_groups=rl.max_open_groups or None,
         # Exactly associative tallies: the same bits whatever the arrival order (DESIGN §8).
         deterministic=bool(rl.get("deterministic", False)),
+        placement=config_check.placement(config),
     )
 
 
@@ -167,7 +172,11 @@ def _finish(k: int, m: int, traj, arrival_s: float) -> WorkItem:
 
 
 def _check_config(config) -> None:
-    del config  # every GRPO setting is checked by the common config check
+    if config_check.placement(config) == "host" and config.rl.get("deterministic", False):
+        raise config_check.ConfigError(
+            "accum.placement='host' keeps float32 tallies, but rl.deterministic=True needs the "
+            "exact int32-limb tallies on the device: use accum.placement='device'"
+        )
 
 
 ALGORITHM = Algorithm(

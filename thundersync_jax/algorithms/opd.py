@@ -48,7 +48,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
 )
 from thundersync_jax.learner.logprobs import TokenLogprobFn
-from thundersync_jax.schedule import schedules
+from thundersync_jax.schedule import config_check, schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem
 
@@ -268,6 +268,11 @@ def check_config(config) -> None:
         _trajs.check_granularity(config.rl.get("opd_granularity", "turn"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if config_check.placement(config) == "host":
+        raise ConfigError(
+            "accum.placement='host' moves GRPO's per-open-group tallies to host memory; OPD "
+            "keeps one global tally and no per-group ones: use accum.placement='device'"
+        )
     if config.get("teacher") is None:
         raise ConfigError(
             "rl.algorithm='opd' needs a `teacher` section (see configs/terminal_opd_cpu.py)"

@@ -6,6 +6,9 @@ Counts, per learner device:
   optimizer    adamw: two float32 moments (trainable-sized);
   tallies      accumulator tallies, float32: 1 global + 2 per open group (the affine / two
                reward-bucket form), sharded like the params, so divided by the data-parallel size;
+               0 with `accum.placement="host"`, where they live in host memory instead;
+  staging      host placement only: the chunk's increment w·h (float32, trainable-sized), made
+               on the device and copied to host memory while h may still be alive;
   lora_merged  LoRA only: the merged copy of the targeted weights the forward reads;
   activations  one chunk's forward+backward working set (estimate, see `activation_bytes`);
   segments     OPD at `turn` granularity: every open trajectory's learner KV cache (cache
@@ -17,6 +20,11 @@ Param shards are exact (shapes from `jax.eval_shape` of the real model, split by
 logical rules as `sharding.param_specs`); activations are an estimate of the tensors XLA keeps
 for the backward pass (materialized [T, T] attention scores, float32 logits), good to a small
 factor, and meant to choose mesh, remat and bucket sizes, not to replace a device measurement.
+
+And, per learner process (host memory, `node.host_memory_gb` x `node.host_memory_headroom`):
+  host_tallies   the same 1 + 2·M tallies for all of the process's devices when
+                 `accum.placement="host"` (0 otherwise);
+  host_snapshot  the bf16 weight snapshot the process publishes to its engines in /dev/shm.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from flax import nnx
 
 from thundersync_jax.learner import buckets
 from thundersync_jax.models import qwen3, sharding
-from thundersync_jax.schedule import schedules
+from thundersync_jax.schedule import config_check, schedules
 
 GB = 1e9
 _F32 = 4
@@ -45,12 +53,18 @@ class MemoryPlan:
     Attributes:
       params, grads, optimizer, tallies, lora_merged, activations, segments: bytes per learner
         device.
+      staging: bytes per learner device of the w·h copied to host (host placement; else 0).
       capacity: usable bytes per device (gpu_memory_gb · memory_headroom).
       num_params: model parameters; trainable_params: what gradients cover (adapters for LoRA).
       open_group_tallies: tallies per open group times open groups kept on the device.
       chunk_tokens: padded sequence length of the largest chunk.
       rollout_weights: bytes of bf16 weights per rollout device (tensor parallel over rollout_tp).
       open_trajectories: OPD trajectories whose caches `segments` counts.
+      placement: where the tallies live, "device" or "host" (`accum.placement`).
+      host_tallies: host bytes of tallies per learner process (0 with device placement).
+      host_snapshot: host bytes of the /dev/shm weight snapshot per learner process.
+      host_capacity: usable host bytes per process (host_memory_gb · host_memory_headroom);
+        None when the node does not give host_memory_gb (then host memory is not checked).
     """
 
     params: int
@@ -67,6 +81,19 @@ class MemoryPlan:
     rollout_weights: int
     segments: int = 0
     open_trajectories: int = 0
+    placement: str = "device"
+    staging: int = 0
+    host_tallies: int = 0
+    host_snapshot: int = 0
+    host_capacity: int | None = None
+
+    @property
+    def host_total(self) -> int:
+        return self.host_tallies + self.host_snapshot
+
+    @property
+    def host_fits(self) -> bool:
+        return self.host_capacity is None or self.host_total <= self.host_capacity
 
     @property
     def total(self) -> int:
@@ -75,6 +102,7 @@ class MemoryPlan:
             + self.grads
             + self.optimizer
             + self.tallies
+            + self.staging
             + self.lora_merged
             + self.activations
             + self.segments
@@ -82,7 +110,8 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity and self.rollout_weights <= self.capacity
+        device = self.total <= self.capacity and self.rollout_weights <= self.capacity
+        return device and self.host_fits
 
     def table(self) -> str:
         """Markdown table in GB per device."""
@@ -91,6 +120,7 @@ class MemoryPlan:
             ("grads (h, f32)", self.grads),
             ("optimizer (adamw, f32)", self.optimizer),
             (f"tallies (1 + {self.open_group_tallies}, f32)", self.tallies),
+            ("w·h staged for the host (f32)", self.staging),
             ("lora merged weights", self.lora_merged),
             (f"activations ({self.chunk_tokens} tokens)", self.activations),
             (f"segment caches ({self.open_trajectories} trajectories)", self.segments),
@@ -98,8 +128,19 @@ class MemoryPlan:
             ("capacity", self.capacity),
             ("rollout weights", self.rollout_weights),
         ]
-        lines = ["| per device | GB |", "|---|---:|"]
+        lines = [f"| per device (tallies on {self.placement}) | GB |", "|---|---:|"]
         lines += [f"| {name} | {value / GB:.1f} |" for name, value in rows]
+        host = [
+            (f"tallies (1 + {self.open_group_tallies}, f32)", self.host_tallies),
+            ("weight snapshot (/dev/shm, bf16)", self.host_snapshot),
+            ("total host", self.host_total),
+            ("host capacity", self.host_capacity),
+        ]
+        lines += ["", "| per learner process, host memory | GB |", "|---|---:|"]
+        lines += [
+            f"| {name} | {'not given' if value is None else f'{value / GB:.1f}'} |"
+            for name, value in host
+        ]
         return "\n".join(lines)
 
 
@@ -197,8 +238,8 @@ def activation_bytes(model_config: Any, rows: int, tokens: int, tp: int, remat: 
     return int(m.num_hidden_layers * layer + logits)
 
 
-def open_groups_on_device(config: Any) -> int:
-    """Open groups whose two tallies live on the device (0 when groups close before work)."""
+def open_groups_kept(config: Any) -> int:
+    """Open groups with live tallies (device or host; 0 when groups close before work)."""
     if config.rl.algorithm == "opd":
         return 0  # OPD's accumulator has one global tally, no per-group ones
     return schedules.get(config.schedule).open_group_tallies(
@@ -220,6 +261,12 @@ def segment_cache_bytes(model_config: Any, capacity: int) -> int:
     m = model_config
     per_slot = m.num_hidden_layers * m.num_key_value_heads * m.head_dim
     return int(capacity * per_slot * 2 * (_dtype_bytes(m.dtype) + _F32))
+
+
+def _host_capacity(node: Any) -> int | None:
+    if not node.get("host_memory_gb"):
+        return None
+    return int(float(node.host_memory_gb) * GB * float(node.get("host_memory_headroom", 0.9)))
 
 
 def plan(config: Any) -> MemoryPlan:
@@ -244,7 +291,9 @@ def plan(config: Any) -> MemoryPlan:
         merged = targeted_local * param_bytes
     else:
         trainable, trainable_local, merged = total, params_local, 0
-    open_tallies = 2 * open_groups_on_device(config)
+    open_tallies = 2 * open_groups_kept(config)
+    placement = config_check.placement(config)
+    tally_bytes = (1 + open_tallies) * trainable_local * _F32
     chunk_tokens = buckets.bucket_length(
         int(config.rollout.max_traj_tokens), config.learner.seq_buckets
     )
@@ -259,7 +308,7 @@ def plan(config: Any) -> MemoryPlan:
         params=params_local * param_bytes,
         grads=trainable_local * _F32,
         optimizer=2 * trainable_local * _F32,
-        tallies=(1 + open_tallies) * trainable_local * _F32,
+        tallies=0 if placement == "host" else tally_bytes,
         lora_merged=merged,
         activations=activations,
         capacity=int(float(node.gpu_memory_gb) * GB * float(node.memory_headroom)),
@@ -272,6 +321,11 @@ def plan(config: Any) -> MemoryPlan:
         segments=open_trajectories_on_device(config)
         * segment_cache_bytes(config.model, chunk_tokens),
         open_trajectories=open_trajectories_on_device(config),
+        placement=placement,
+        staging=trainable_local * _F32 if placement == "host" else 0,
+        host_tallies=tally_bytes * learner_devices if placement == "host" else 0,
+        host_snapshot=total * 2,
+        host_capacity=_host_capacity(node),
     )
 
 

@@ -15,6 +15,7 @@ from thundersync_jax.schedule import schedules
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "batch")
 LOSS_AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
 ENGINES = ("embedded", "vllm")
+PLACEMENTS = ("device", "host")  # where accumulator tallies live (`accumulators._host`)
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,12 @@ def _registered(lookup, name):
         raise ConfigError(str(e)) from None
 
 
+def placement(c) -> str:
+    """`accum.placement` of a run config ("device" when the config has no `accum` section)."""
+    accum = c.get("accum")
+    return "device" if accum is None else str(accum.get("placement", "device"))
+
+
 def check_config(c) -> None:
     """Raises ConfigError naming the first bad value; returns None when the config is usable.
 
@@ -60,6 +67,7 @@ def check_config(c) -> None:
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
+    _choice("accum.placement", placement(c), PLACEMENTS)
     if not isinstance(c.rl.get("deterministic", False), bool):
         raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
     # One optimizer step per batch is what makes streaming exact.
