@@ -14,6 +14,7 @@ import pytest
 from thundersync_jax import accumulators
 from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks
+from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
@@ -27,6 +28,7 @@ class _Traj:
     loss_mask: np.ndarray
     reward: float
     policy_versions: tuple = (0,)
+    logprobs: np.ndarray | None = None  # the engine's; None: an engine that gave none
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,7 @@ def setup(tiny_policy):
 
 
 def _run(schedule, params, score_fn, trajs, order, loss_agg, max_items=None):
+    """(∇L, metrics) of one batch fed in `order` through the planner under `schedule`."""
     acc = accumulators.grpo(num_groups=K, group_size=G, loss_agg=loss_agg, max_len=32)
     learner = grpo.batch_learner(acc, score_fn, pad_id=0)
     q: queue.Queue = queue.Queue()
@@ -77,6 +80,7 @@ def test_every_schedule_matches_synchronous_reference(setup, loss_agg):
         assert metrics["mixed_groups"] == 2  # group 1's rewards tie
         assert metrics["reward_mean"] == pytest.approx(np.mean([t.reward for t in trajs.values()]))
         assert metrics["max_policy_lag"] == metrics["mean_policy_lag"] == 0
+        assert "engine_logprob_gap_abs" not in metrics  # no engine log-probs: absent, not 0
 
 
 def test_one_item_chunks_under_deterministic(setup):
@@ -86,12 +90,14 @@ def test_one_item_chunks_under_deterministic(setup):
     want, _ = _run("sync", params, score_fn, trajs, keys, "seq-mean-token-mean")
     rows = []
 
-    def counting(p, tokens, *args, **kwargs):
-        rows.append(len(tokens))
-        return score_fn(p, tokens, *args, **kwargs)
+    class Counting:
+        compiles = 0
 
-    counting.compiles = 0
-    got, _ = _run("stream", params, counting, trajs, keys, "seq-mean-token-mean", 1)
+        def score_and_gap(self, p, tokens, *args, **kwargs):
+            rows.append(len(tokens))
+            return score_fn.score_and_gap(p, tokens, *args, **kwargs)
+
+    got, _ = _run("stream", params, Counting(), trajs, keys, "seq-mean-token-mean", 1)
     assert rows == [1] * len(keys)
     assert accumulators.reference.relative_error(got, want) < 1e-5
 
@@ -142,3 +148,40 @@ def test_a_trajectory_that_mixes_policy_versions_is_refused_in_every_schedule(se
     item = WorkItem("g0m0", 0, tr.reward, 5, 0.0, payload=tr)
     with pytest.raises(StalePolicyError, match=r"mixes policy versions \[2, 3\]"):
         learner.process(learner.init(params, 3, enforce_version=False), [item])
+
+
+def test_truncated_importance_weight_streams_exactly_and_reports_the_gap(setup, tiny_policy):
+    """rl.tis_cap with engine log-probs that differ from the learner's: every schedule gives
+    the reference built from one-trajectory weighted gradients, which differs from the
+    uncorrected update; the step's gap metrics are the float64 ones over all tokens."""
+    params, score_fn, trajs = setup
+    _, graphdef, _ = tiny_policy(0)
+    tis = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0, tis_cap=2.0)
+    logprob_fn = TokenLogprobFn(score_fn)
+    rng = np.random.default_rng(11)
+    engine_trajs, deltas = {}, []
+    for km, tr in trajs.items():
+        learner_lp = logprob_fn(params, tr.tokens[None])[0].astype(np.float64)
+        engine_lp = (learner_lp + rng.normal(0, 0.5, learner_lp.shape)) * tr.loss_mask
+        engine_trajs[km] = dataclasses.replace(tr, logprobs=engine_lp.astype(np.float32))
+        deltas.append((engine_lp.astype(np.float32) - learner_lp)[tr.loss_mask > 0])
+    ref_tis, ref_off = [], []
+    for (k, _m), tr in sorted(engine_trajs.items()):
+        h, n, _ = tis.score_and_gap(
+            params, tr.tokens[None], tr.loss_mask[None], None, tr.logprobs[None]
+        )
+        ref_tis.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+        h, n = score_fn(params, tr.tokens[None], tr.loss_mask[None])
+        ref_off.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+    want = accumulators.reference.grpo_gradient(ref_tis, max_len=32)
+    off = accumulators.reference.grpo_gradient(ref_off, max_len=32)
+    assert accumulators.reference.relative_error(want, off) > 1e-2
+    d = np.concatenate(deltas)
+    keys = sorted(engine_trajs)
+    for schedule, order in (("sync", keys), ("stream", keys[::-1])):
+        got, metrics = _run(schedule, params, tis, engine_trajs, order, "seq-mean-token-mean")
+        assert accumulators.reference.relative_error(got, want) < 1e-5, schedule
+        assert metrics["engine_logprob_gap_abs"] == pytest.approx(np.abs(d).mean(), rel=1e-4)
+        kl = (np.expm1(-d) + d).mean()
+        assert metrics["engine_logprob_gap_kl"] == pytest.approx(kl, rel=1e-4)
+        assert metrics["engine_logprob_gap_max"] == pytest.approx(np.abs(d).max(), rel=1e-4)

@@ -14,7 +14,9 @@ member is closed by one payload-free item queued after all of its turns (payload
 
 Because attention is causal the per-turn gradients of a trajectory sum to its full-trajectory
 gradient, so streaming turn by turn gives the batch-synchronous update. `rl.kl_coef` and
-`rl.entropy_coef` add their terms over the same scored tokens (`algorithms._terms`).
+`rl.entropy_coef` add their terms over the same scored tokens (`algorithms._terms`). The
+score-gradient forward also gives the engine/learner log-prob gap of the turn's tokens (the
+`engine_logprob_gap_*` metrics) and, with `rl.tis_cap`, their truncated importance weights.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from thundersync_jax.algorithms.base import (
 )
 from thundersync_jax.learner import buckets
 from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.rollout.logprob_gap import GapTally
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
@@ -63,6 +66,8 @@ class TurnPayload:
       teacher_logprobs: float32 [L], log π_T of each masked token (0 elsewhere).
       policy_version: version of the student weights that sampled the turn.
       turn: the turn's index in its episode.
+      engine_logprobs: float32 [L], the student engine's log-probs of the masked tokens (NaN
+        elsewhere), or None when the engine gave none.
     """
 
     tokens: np.ndarray
@@ -70,6 +75,7 @@ class TurnPayload:
     teacher_logprobs: np.ndarray
     policy_version: int
     turn: int
+    engine_logprobs: np.ndarray | None = None
 
     @classmethod
     def from_turn(
@@ -79,8 +85,10 @@ class TurnPayload:
         teacher_logprobs: Sequence[float],
         policy_version: int,
         turn: int,
+        engine_logprobs: Sequence[float] | None = None,
     ) -> TurnPayload:
-        """From the trajectory so far and the teacher's log-probs of the turn at `turn_start`."""
+        """From the trajectory so far and the teacher's (and optionally the sampling engine's)
+        log-probs of the turn at `turn_start`."""
         t_lp = np.asarray(teacher_logprobs, np.float32).reshape(-1)
         end = turn_start + len(t_lp)
         prefix = np.asarray(tokens, np.int32)[:end]
@@ -93,11 +101,27 @@ class TurnPayload:
         mask[turn_start:end] = True
         full_lp = np.zeros(end, np.float32)
         full_lp[turn_start:end] = t_lp
-        return cls(prefix, mask, full_lp, int(policy_version), int(turn))
+        engine = None
+        if engine_logprobs is not None:
+            e_lp = np.asarray(engine_logprobs, np.float32).reshape(-1)
+            if e_lp.shape != t_lp.shape:
+                raise ValueError(
+                    f"turn at {turn_start}: {len(e_lp)} engine log-probs for {len(t_lp)} tokens"
+                )
+            engine = np.full(end, np.nan, np.float32)
+            engine[turn_start:end] = e_lp
+        return cls(prefix, mask, full_lp, int(policy_version), int(turn), engine)
 
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+
+def _engine_logprobs(payload: TurnPayload) -> np.ndarray:
+    """The turn's engine log-probs, all NaN (none) when the engine gave none."""
+    if payload.engine_logprobs is None:
+        return np.full(len(payload.tokens), np.nan, np.float32)
+    return payload.engine_logprobs
 
 
 class OpdState(NamedTuple):
@@ -109,6 +133,7 @@ class OpdState(NamedTuple):
       tally: tokens, rewards, lags (per turn) and verifier failures so far.
       turns: scored turns folded in.
       reverse_kl_sum: Σ over scored tokens of (log π_s − log π_T)(o_t), float64.
+      gap: the engine/learner log-prob gap sums so far.
     """
 
     acc: Any
@@ -116,6 +141,7 @@ class OpdState(NamedTuple):
     tally: BatchTally
     turns: int
     reverse_kl_sum: float
+    gap: GapTally = GapTally()
 
 
 def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearner:
@@ -153,7 +179,15 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         student_lp = logprob_fn(p.params, tokens, p.base_params)
         # Â_t = −(log π_s − log π_T)(o_t): numbers from the learner's forward, no gradient.
         advantage = np.where(mask > 0, teacher_lp - student_lp, 0.0).astype(np.float32)
-        h, n = score_fn(p.params, tokens, mask, advantage, base_params=p.base_params)
+        engine_lp = buckets.pack_sequences(  # NaN: no engine log-prob; padding is masked
+            [q.tokens for q in payloads],
+            [q.loss_mask for q in payloads],
+            [_engine_logprobs(q) for q in payloads],
+            pad_id=pad_id,
+        )[2]
+        h, n, gap = score_fn.score_and_gap(
+            p.params, tokens, mask, advantage, engine_lp, base_params=p.base_params
+        )
         acc_state = add(state.acc, h, n, len(turns))
         acc_state = add_terms(acc_state, p.params, p.base_params, tokens, mask, None)
         jax.block_until_ready(acc_state)  # timings measure the work (see algorithms.grpo)
@@ -163,6 +197,7 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
             tally.add(tokens=n, lags=lags),
             state.turns + len(turns),
             state.reverse_kl_sum + float(-np.sum(advantage, dtype=np.float64)),
+            state.gap.add(gap),
         )
 
     def metrics(state: OpdState) -> dict:
@@ -171,7 +206,7 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         # Rounded to 1e-6 nats (far below its sampling noise): the float32 forwards behind it
         # are padded per chunk, and chunks differ between schedules in the last bits.
         kl = state.reverse_kl_sum / max(state.tally.tokens, 1)
-        out.update(reverse_kl=round(kl, 6), turns=int(state.turns))
+        out.update(reverse_kl=round(kl, 6), turns=int(state.turns), **state.gap.metrics())
         return out
 
     return BatchLearner(
@@ -240,7 +275,12 @@ def episode_work(service: teacher.TeacherService, timeline) -> EpisodeWork:
         def deliver(f: concurrent.futures.Future) -> None:
             try:
                 payload = TurnPayload.from_turn(
-                    tokens, turn.start, f.result(), turn.policy_version, turn.index
+                    tokens,
+                    turn.start,
+                    f.result(),
+                    turn.policy_version,
+                    turn.index,
+                    engine_logprobs=turn.logprobs,
                 )
             except Exception as e:  # the teacher failed this turn: the member is lost
                 queued.set_exception(e)
