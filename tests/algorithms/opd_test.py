@@ -116,7 +116,7 @@ def _reference(graphdef, params, trajs):
     return jax.jit(jax.grad(objective))(params), n_total
 
 
-def _arrivals(trajs, seed):
+def _arrivals(trajs, seed, engine=None):
     """Every turn as a WorkItem, member-closing items after their member's turns, shuffled
     under that constraint (turns of different members interleave)."""
     rng = np.random.default_rng(seed)
@@ -126,7 +126,8 @@ def _arrivals(trajs, seed):
         order = rng.permutation(len(spans))  # turns may be scored out of order
         for j in order:
             s, e = spans[j]
-            payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j))
+            e_lp = None if engine is None else engine[(k, m)][s:e]
+            payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j), e_lp)
             items.append(WorkItem(f"g{k}m{m}t{j}", k, 0.0, e - s, 0.0, payload, False, m))
         end = MemberEnd(float(k), None)  # group 0's rewards tie, group 1's too
         items.append(WorkItem(f"g{k}m{m}end", k, 0.0, 0, 0.0, end, True, m))
@@ -140,9 +141,9 @@ def _arrivals(trajs, seed):
     return out
 
 
-def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9):
+def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9, engine=None):
     q: queue.Queue = queue.Queue()
-    for it in _arrivals(trajs, seed):
+    for it in _arrivals(trajs, seed, engine):
         q.put(it)
     planner = Planner(schedule, K, G, max_chunk_tokens)
     batch = learner.init(params, 0)
@@ -169,6 +170,7 @@ def test_streamed_turns_equal_synchronous_full_trajectory_update(
     assert metrics["tokens"] == n_total
     assert metrics["turns"] == sum(len(spans) for _, spans, _ in trajs.values())
     assert metrics["reward_mean"] == 0.5 and metrics["mixed_groups"] == 0
+    assert "engine_logprob_gap_kl" not in metrics  # the turns carry no engine log-probs
     if schedule == "stream":
         assert stats.chunks > K  # the turns really were processed in pieces
     assert _rel_err(grads, ref) <= 1e-5
@@ -180,11 +182,21 @@ def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learner):
     tokens, _ = _padded(trajs)
     forward = jax.jit(lambda p, x: _logprobs(nnx.merge(graphdef, p), x))
     student_lp = np.asarray(forward(params, tokens), np.float64)
-    log_ratio = []
-    for row, (_, spans, t_lp) in enumerate(trajs.values()):
+    log_ratio, delta, engine = [], [], {}
+    rng = np.random.default_rng(8)
+    for row, (km, (_, spans, t_lp)) in enumerate(trajs.items()):
         log_ratio += [student_lp[row, t] - t_lp[t] for s, e in spans for t in range(s, e)]
-    _, metrics, _ = _run(learner, params, trajs, "stream", 3)
+        # The sampling engine's log-probs: the student's, off by noise (another engine).
+        engine[km] = (student_lp[row] + rng.normal(0, 0.3, WIDTH)).astype(np.float32)
+        delta += [engine[km][t] - student_lp[row, t] for s, e in spans for t in range(s, e)]
+    _, metrics, _ = _run(learner, params, trajs, "stream", 3, engine=engine)
     np.testing.assert_allclose(metrics["reverse_kl"], np.mean(log_ratio), rtol=1e-4)
+    # The gap comes from the score-gradient forward, over the same scored tokens.
+    d = np.asarray(delta)
+    np.testing.assert_allclose(metrics["engine_logprob_gap_abs"], np.abs(d).mean(), rtol=1e-4)
+    np.testing.assert_allclose(
+        metrics["engine_logprob_gap_kl"], np.mean(np.expm1(-d) + d), rtol=1e-4
+    )
 
 
 def test_turn_of_another_policy_version_is_refused(setup, learner):
