@@ -10,30 +10,19 @@ from flax import nnx
 
 from configs import terminal_opd_cpu
 from thundersync_jax import losses
-from thundersync_jax.models import qwen3
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.teacher import TeacherService
 
-TINY = qwen3.Qwen3Config(
-    vocab_size=53,
-    hidden_size=24,
-    intermediate_size=40,
-    num_hidden_layers=1,
-    num_attention_heads=3,
-    num_key_value_heads=1,
-    head_dim=8,
-    tie_word_embeddings=True,
-)
-
 
 @pytest.mark.slow  # one engine process: ~30-70 s on a shared 2-core machine
-def test_teacher_served_with_the_runs_engine_spec_scores_like_the_model(tmp_path):
+def test_teacher_served_with_the_runs_engine_spec_scores_like_the_model(tmp_path, tiny_policy):
     config = terminal_opd_cpu.get_config("smoke")
     config.rollout.max_traj_tokens = 64
-    spec = engine_cmd.teacher_engines(config, TINY)
+    cfg, graphdef, params = tiny_policy(3)
+    spec = engine_cmd.teacher_engines(config, cfg)
     assert spec.envs == [{"JAX_PLATFORMS": "cpu"}]  # a CPU config: the teacher gets no GPU
-    model = qwen3.Qwen3(TINY, rngs=nnx.Rngs(3))
-    tokens = np.random.default_rng(0).integers(1, TINY.vocab_size, 20)
+    model = nnx.merge(graphdef, params)
+    tokens = np.random.default_rng(0).integers(1, cfg.vocab_size, 20)
     want = np.asarray(losses.token_logprobs(model(tokens[None, :-1]), tokens[None, 1:]))[0]
     with TeacherService.from_model(
         model, str(tmp_path / "shm"), max_seq_len=64, spec=spec, request_timeout_s=300
