@@ -86,3 +86,18 @@ def test_a_bad_tis_cap_is_a_clear_config_error(bad):
         ConfigError, match=r"rl.tis_cap=.* is not valid: use 0 .* or a finite cap >= 1"
     ):
         train.check(c)
+
+
+def test_tis_cap_is_refused_where_the_segment_programs_would_drop_it():
+    from configs import cpu, terminal_opd_cpu
+    from thundersync_jax import train
+    from thundersync_jax.schedule.config_check import ConfigError
+
+    c = cpu.get_config("smoke")
+    c.rl.tis_cap, c.rl.shared_prompt = 2.0, True
+    with pytest.raises(ConfigError, match="rl.shared_prompt=False"):
+        train.check(c)
+    c = terminal_opd_cpu.get_config("smoke")
+    c.rl.tis_cap, c.rl.opd_granularity = 2.0, "turn"
+    with pytest.raises(ConfigError, match="opd_granularity='trajectory'"):
+        train.check(c)

@@ -61,9 +61,18 @@ def check_config(c) -> None:
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
     try:
-        logprob_gap.check_tis_cap(c.rl.get("tis_cap", 0.0))
+        tis_cap = logprob_gap.check_tis_cap(c.rl.get("tis_cap", 0.0))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # The segment paths (KV-cache programs) take no engine log-probs: the weight would be lost.
+    segments = c.rl.get("shared_prompt", False) or (
+        c.rl.algorithm == "opd" and c.rl.get("opd_granularity", "trajectory") != "trajectory"
+    )
+    if tis_cap and segments:
+        raise ConfigError(
+            f"rl.tis_cap={tis_cap} is applied by the score-gradient chunk only: use it with "
+            "rl.shared_prompt=False and (OPD) rl.opd_granularity='trajectory'"
+        )
     if not isinstance(c.rl.get("deterministic", False), bool):
         raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
     # One optimizer step per batch is what makes streaming exact.
