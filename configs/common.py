@@ -82,6 +82,10 @@ def get_base_config() -> ml_collections.ConfigDict:
             # True: every score-gradient call holds one trajectory (one OPD turn) in every
             # schedule, so a call's composition is fixed by the data, never by timing.
             deterministic=False,
+            # > 0: weight each sampled token's policy-gradient term by the truncated importance
+            # weight min(π_learner / π_engine, tis_cap) (DESIGN §2; for engines that sample from
+            # other numbers, e.g. vLLM in bf16). 0 = off; otherwise a cap >= 1 (2 is common).
+            tis_cap=0.0,
         )
     )
     # Where the accumulator's parameter-sized tallies live: "device", or "host" (host memory

@@ -87,6 +87,16 @@ def _assert_schedules_agree(wd, same_keys):
         assert lags == ([0, 1] if s == "async" else [0] * STEPS), (s, lags)
 
 
+def _assert_exact_engine_logprobs(wd):
+    """The embedded engine runs the learner's model: its log-probs of its own samples match
+    the learner's score-gradient forward (measured 4.0e-7 mean, 4.1e-6 max nats, BENCHMARKS
+    issue 18 session 6), every step of every schedule."""
+    for s, workdir in wd.items():
+        for m in _metrics(workdir) if s != "init" else ():
+            assert 0 <= m["engine_logprob_gap_abs"] < 1e-5, (s, m["engine_logprob_gap_abs"])
+            assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
+
+
 def _run_every_schedule(make_config, base, schedules=("sync", "group", "stream", "async")):
     """{"init": the warm start exported, schedule: workdir after STEPS steps}."""
     out = {}
@@ -109,6 +119,7 @@ def test_grpo_schedules_reach_the_same_parameters_on_a_pure_pg_update(grpo_runs)
     # The update is the GRPO term alone, so some group had mixed rewards.
     assert any(m["mixed_groups"] > 0 for m in _metrics(wd["sync"]))
     _assert_schedules_agree(wd, ("reward_mean", "tokens", "mixed_groups"))
+    _assert_exact_engine_logprobs(wd)
     assert _metrics(wd["async"])[1]["mean_policy_lag"] == 1.0
 
 
@@ -205,6 +216,7 @@ def test_opd_schedules_reach_the_same_parameters(opd_runs):
     # Per-turn streamed OPD (segments over the learner's cache, the default granularity) vs
     # sync: same parameters within 1e-3 of the update, identical tokens and reverse_kl.
     _assert_schedules_agree(opd_runs, ("tokens", "reverse_kl", "turns", "reward_mean"))
+    _assert_exact_engine_logprobs(opd_runs)
     assert all(np.isfinite(m["reverse_kl"]) for m in _metrics(opd_runs["async"]))
     sync = _metrics(opd_runs["sync"])
     # `trajectory` granularity: the same update

@@ -35,6 +35,7 @@ from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.learner import placement, regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
+from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.schedule import components, episodes, schedules
 from thundersync_jax.schedule.config_check import ConfigError, check_config
 from thundersync_jax.schedule.data_parallel import DataParallel
@@ -63,6 +64,8 @@ def check(config, entry_algorithm: str | None = None):
     algo.check_config(config)
     try:
         regularizers.term_coefficients(config.rl)  # rejects a bad kl_estimator
+        # Engines and their GPUs (rollout and teacher): before anything is built or started.
+        engine_cmd.check_engine_config(config)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return algo, schedules.get(config.schedule), task_families.get(config.env.family)

@@ -14,6 +14,8 @@ import pytest
 from thundersync_jax import accumulators
 from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks
+from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.rollout.logprob_gap import GapTally
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
@@ -27,6 +29,7 @@ class _Traj:
     loss_mask: np.ndarray
     reward: float
     policy_versions: tuple = (0,)
+    logprobs: np.ndarray | None = None  # the engine's; None: an engine that gave none
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,7 @@ def setup(tiny_policy):
 
 
 def _run(schedule, params, score_fn, trajs, order, loss_agg, max_items=None, placement="device"):
+    """(∇L, metrics) of one batch fed in `order` through the planner under `schedule`."""
     acc = accumulators.grpo(
         num_groups=K, group_size=G, loss_agg=loss_agg, max_len=32, placement=placement
     )
@@ -79,6 +83,7 @@ def test_every_schedule_matches_synchronous_reference(setup, loss_agg):
         assert metrics["mixed_groups"] == 2  # group 1's rewards tie
         assert metrics["reward_mean"] == pytest.approx(np.mean([t.reward for t in trajs.values()]))
         assert metrics["max_policy_lag"] == metrics["mean_policy_lag"] == 0
+        assert "engine_logprob_gap_abs" not in metrics  # no engine log-probs: absent, not 0
 
 
 def test_host_tallies_stream_run_equals_device_tallies_run(setup):
@@ -103,12 +108,14 @@ def test_one_item_chunks_under_deterministic(setup):
     want, _ = _run("sync", params, score_fn, trajs, keys, "seq-mean-token-mean")
     rows = []
 
-    def counting(p, tokens, *args, **kwargs):
-        rows.append(len(tokens))
-        return score_fn(p, tokens, *args, **kwargs)
+    class Counting:
+        compiles = 0
 
-    counting.compiles = 0
-    got, _ = _run("stream", params, counting, trajs, keys, "seq-mean-token-mean", 1)
+        def score_and_gap(self, p, tokens, *args, **kwargs):
+            rows.append(len(tokens))
+            return score_fn.score_and_gap(p, tokens, *args, **kwargs)
+
+    got, _ = _run("stream", params, Counting(), trajs, keys, "seq-mean-token-mean", 1)
     assert rows == [1] * len(keys)
     assert accumulators.reference.relative_error(got, want) < 1e-5
 
@@ -166,16 +173,8 @@ class _PromptedTraj(_Traj):
     prompt_len: int = 0
 
 
-@pytest.mark.parametrize("advantage", ["grpo", "batch"])
-def test_shared_prompts_match_synchronous_reference(setup, tiny_policy, advantage):
-    """`rl.shared_prompt`: each group's prompt forwarded and backpropagated once, members'
-    prompt cotangents in two tallies: the same update as per-member full-trajectory chunks."""
-    from thundersync_jax.algorithms import _grpo_prompts
-    from thundersync_jax.learner import segments
-
-    params, score_fn, _ = setup
-    cfg, graphdef, _ = tiny_policy(0)
-    rng = np.random.default_rng(3)
+def _prompted_trajs(cfg, rng) -> dict:
+    """K groups of G members sharing their group's prompt; an observation in each completion."""
     trajs = {}
     for k in range(K):
         prompt = rng.integers(1, cfg.vocab_size, size=int(rng.integers(3, 9))).astype(np.int32)
@@ -186,17 +185,45 @@ def test_shared_prompts_match_synchronous_reference(setup, tiny_policy, advantag
             mask[len(prompt) :] = 1
             mask[len(prompt) + 2 : len(prompt) + 4] = 0  # an observation inside the completion
             trajs[(k, m)] = _PromptedTraj(
-                tokens, mask, float(rng.integers(0, 3)), (0,), len(prompt)
+                tokens, mask, float(rng.integers(0, 3)), (0,), prompt_len=len(prompt)
             )
-    ref_in = []
+    return trajs
+
+
+@pytest.mark.parametrize("advantage,tis_cap", [("grpo", 0.0), ("batch", 0.0), ("grpo", 2.0)])
+def test_shared_prompts_match_synchronous_reference(setup, tiny_policy, advantage, tis_cap):
+    """`rl.shared_prompt`: each group's prompt forwarded and backpropagated once, members'
+    prompt cotangents in two tallies: the same update as per-member full-trajectory chunks.
+    With `tis_cap` and engine log-probs off the learner's, the members' direct passes weight
+    their tokens (and so their prompt cotangents) like the chunk does, and give its gap."""
+    from thundersync_jax.algorithms import _grpo_prompts
+    from thundersync_jax.learner import segments
+
+    params, score_fn, _ = setup
+    cfg, graphdef, _ = tiny_policy(0)
+    rng = np.random.default_rng(3)
+    trajs = _prompted_trajs(cfg, rng)
+    chunk_fn = score_fn
+    if tis_cap:
+        chunk_fn = chunks.make_score_grad_fn(graphdef, (16, 32), pad_id=0, tis_cap=tis_cap)
+        logprob_fn = TokenLogprobFn(score_fn)
+        for km, tr in trajs.items():
+            learner_lp = np.asarray(logprob_fn(params, tr.tokens[None])[0])
+            noisy = (learner_lp + rng.normal(0, 0.5, learner_lp.shape)) * tr.loss_mask
+            trajs[km] = dataclasses.replace(tr, logprobs=noisy.astype(np.float32))
+    ref_in, gap = [], GapTally()
     for (k, _m), tr in sorted(trajs.items()):
-        h, n = score_fn(params, tr.tokens[None], tr.loss_mask[None])
+        engine = None if tr.logprobs is None else tr.logprobs[None]
+        h, n, g = chunk_fn.score_and_gap(params, tr.tokens[None], tr.loss_mask[None], None, engine)
         ref_in.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+        gap = gap.add(g)
     kw = dict(advantage=advantage, loss_agg="seq-mean-token-mean", max_len=32)
     want = accumulators.reference.grpo_gradient(ref_in, **kw)
     acc = accumulators.grpo(num_groups=K, group_size=G, **kw)
     assert _grpo_prompts.uses_shared_prompts(acc, None, deterministic=False)
-    fns = segments.make_segment_fns(graphdef, cfg, seg_buckets=(8, 32), cache_buckets=(32,))
+    fns = segments.make_segment_fns(
+        graphdef, cfg, seg_buckets=(8, 32), cache_buckets=(32,), tis_cap=tis_cap
+    )
     learner = _grpo_prompts.batch_learner(acc, fns, G)
     keys = sorted(trajs)
     for schedule in ("stream", "sync"):
@@ -215,3 +242,52 @@ def test_shared_prompts_match_synchronous_reference(setup, tiny_policy, advantag
         err = accumulators.reference.relative_error(learner.finalize(state), want)
         assert err < 1e-5, (schedule, err)
         assert learner.kept_bytes_peak(state) > 0
+        metrics = learner.metrics(state)
+        if not tis_cap:
+            assert "engine_logprob_gap_abs" not in metrics  # no engine log-probs: absent
+            continue
+        for key, value in gap.metrics().items():  # the chunk path's gap, from the segments
+            assert metrics[key] == pytest.approx(value, rel=1e-4), key
+    if tis_cap:  # the weight changed the update (the reference is not the uncorrected one)
+        off = [(k, tr.reward, score_fn(params, tr.tokens[None], tr.loss_mask[None]))
+               for (k, _m), tr in sorted(trajs.items())]  # fmt: skip
+        off = [(k, r, jax.tree.map(np.asarray, h), n) for k, r, (h, n) in off]
+        plain = accumulators.reference.grpo_gradient(off, **kw)
+        assert accumulators.reference.relative_error(want, plain) > 1e-2
+
+
+def test_truncated_importance_weight_streams_exactly_and_reports_the_gap(setup, tiny_policy):
+    """rl.tis_cap with engine log-probs that differ from the learner's: every schedule gives
+    the reference built from one-trajectory weighted gradients, which differs from the
+    uncorrected update; the step's gap metrics are the float64 ones over all tokens."""
+    params, score_fn, trajs = setup
+    _, graphdef, _ = tiny_policy(0)
+    tis = chunks.make_score_grad_fn(graphdef, seq_buckets=(16, 32), pad_id=0, tis_cap=2.0)
+    logprob_fn = TokenLogprobFn(score_fn)
+    rng = np.random.default_rng(11)
+    engine_trajs, deltas = {}, []
+    for km, tr in trajs.items():
+        learner_lp = logprob_fn(params, tr.tokens[None])[0].astype(np.float64)
+        engine_lp = (learner_lp + rng.normal(0, 0.5, learner_lp.shape)) * tr.loss_mask
+        engine_trajs[km] = dataclasses.replace(tr, logprobs=engine_lp.astype(np.float32))
+        deltas.append((engine_lp.astype(np.float32) - learner_lp)[tr.loss_mask > 0])
+    ref_tis, ref_off = [], []
+    for (k, _m), tr in sorted(engine_trajs.items()):
+        h, n, _ = tis.score_and_gap(
+            params, tr.tokens[None], tr.loss_mask[None], None, tr.logprobs[None]
+        )
+        ref_tis.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+        h, n = score_fn(params, tr.tokens[None], tr.loss_mask[None])
+        ref_off.append((k, tr.reward, jax.tree.map(np.asarray, h), n))
+    want = accumulators.reference.grpo_gradient(ref_tis, max_len=32)
+    off = accumulators.reference.grpo_gradient(ref_off, max_len=32)
+    assert accumulators.reference.relative_error(want, off) > 1e-2
+    d = np.concatenate(deltas)
+    keys = sorted(engine_trajs)
+    for schedule, order in (("sync", keys), ("stream", keys[::-1])):
+        got, metrics = _run(schedule, params, tis, engine_trajs, order, "seq-mean-token-mean")
+        assert accumulators.reference.relative_error(got, want) < 1e-5, schedule
+        assert metrics["engine_logprob_gap_abs"] == pytest.approx(np.abs(d).mean(), rel=1e-4)
+        kl = (np.expm1(-d) + d).mean()
+        assert metrics["engine_logprob_gap_kl"] == pytest.approx(kl, rel=1e-4)
+        assert metrics["engine_logprob_gap_max"] == pytest.approx(np.abs(d).max(), rel=1e-4)

@@ -87,10 +87,10 @@ def setup():
     return graphdef, params, trajs
 
 
-def _learner(graphdef, granularity):
-    score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(WIDTH,), pad_id=0)
+def _learner(graphdef, granularity, tis_cap=0.0):
+    score_fn = chunks.make_score_grad_fn(graphdef, (WIDTH,), pad_id=0, tis_cap=tis_cap)
     seg_fns = segments.make_segment_fns(
-        graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,)
+        graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,), tis_cap=tis_cap
     )
     return opd.batch_learner(
         accumulators.opd(), score_fn, pad_id=0, segment_fns=seg_fns, granularity=granularity
@@ -115,23 +115,31 @@ def reference(setup):
     return _reference(graphdef, params, trajs)
 
 
-def _reference(graphdef, params, trajs):
-    """Batch-synchronous OPD gradient: full-trajectory forward, every turn masked in."""
+def _reference(graphdef, params, trajs, engine=None, tis_cap=0.0):
+    """Batch-synchronous OPD gradient: full-trajectory forward, every turn masked in; with
+    `tis_cap`, each token also weighted by min(π_s / π_engine, tis_cap), detached."""
     tokens, mask = _padded(trajs)
     teacher_lp = np.zeros((len(trajs), WIDTH), np.float32)
     for row, (toks, _, t_lp) in enumerate(trajs.values()):
         teacher_lp[row, : len(toks)] = t_lp
     n_total = int(mask.sum())
+    engine_lp = np.zeros((len(trajs), WIDTH), np.float32)
+    for row, km in enumerate(trajs):
+        if engine is not None:
+            engine_lp[row] = engine[km][:WIDTH]
 
     def objective(p):
         lp = _logprobs(nnx.merge(graphdef, p), tokens)
         advantage = jax.lax.stop_gradient(teacher_lp - lp)  # no gradient through Â
-        return -jnp.sum(advantage * mask * lp) / n_total
+        weight = jnp.ones_like(lp)
+        if tis_cap:
+            weight = jax.lax.stop_gradient(jnp.minimum(jnp.exp(lp - engine_lp), tis_cap))
+        return -jnp.sum(advantage * mask * weight * lp) / n_total
 
     return jax.jit(jax.grad(objective))(params), n_total
 
 
-def _arrivals(trajs, seed, counted=True):
+def _arrivals(trajs, seed, counted=True, engine=None):
     """Every turn as a WorkItem, member-closing items after their member's turns, shuffled
     under that constraint (turns of different members interleave)."""
     rng = np.random.default_rng(seed)
@@ -141,7 +149,8 @@ def _arrivals(trajs, seed, counted=True):
         order = rng.permutation(len(spans))  # turns may be scored out of order
         for j in order:
             s, e = spans[j]
-            payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j))
+            e_lp = None if engine is None else engine[(k, m)][s:e]
+            payload = TurnPayload.from_turn(tokens[:e], s, t_lp[s:e], 0, int(j), e_lp)
             items.append(WorkItem(f"g{k}m{m}t{j}", k, 0.0, e - s, 0.0, payload, False, m))
         # group 0's rewards tie, group 1's too; without the turn count the trajectory closes
         # at the batch end (close_groups)
@@ -157,9 +166,11 @@ def _arrivals(trajs, seed, counted=True):
     return out
 
 
-def _run(learner, params, trajs, schedule, seed, max_chunk_tokens=9, counted=True, **planner):
+def _run(
+    learner, params, trajs, schedule, seed, max_chunk_tokens=9, counted=True, engine=None, **planner
+):
     q: queue.Queue = queue.Queue()
-    for it in _arrivals(trajs, seed, counted):
+    for it in _arrivals(trajs, seed, counted, engine):
         q.put(it)
     planner = Planner(schedule, K, G, max_chunk_tokens, **planner)
     batch = learner.init(params, 0)
@@ -199,6 +210,7 @@ def test_streamed_turns_equal_synchronous_full_trajectory_update(
     assert metrics["tokens"] == n_total
     assert metrics["turns"] == sum(len(spans) for _, spans, _ in trajs.values())
     assert metrics["reward_mean"] == 0.5 and metrics["mixed_groups"] == 0
+    assert "engine_logprob_gap_kl" not in metrics  # the turns carry no engine log-probs
     if schedule == "stream":
         assert stats.chunks > K  # the turns really were processed in pieces
     assert _rel_err(grads, ref) <= 1e-5
@@ -233,16 +245,53 @@ def test_kept_bytes_count_the_open_caches(setup, learner):
     assert not batch.open and learner.kept_bytes_peak(batch) == traj.nbytes
 
 
-def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learner):
-    graphdef, params, trajs = setup
+def _noisy_engine(graphdef, params, trajs, seed):
+    """(the student's float64 log-probs [B, W], engine log-probs per member: the student's
+    off by noise, as another engine's would be)."""
     tokens, _ = _padded(trajs)
     forward = jax.jit(lambda p, x: _logprobs(nnx.merge(graphdef, p), x))
     student_lp = np.asarray(forward(params, tokens), np.float64)
-    log_ratio = []
-    for row, (_, spans, t_lp) in enumerate(trajs.values()):
+    rng = np.random.default_rng(seed)
+    engine = {
+        km: (student_lp[row] + rng.normal(0, 0.3, WIDTH)).astype(np.float32)
+        for row, km in enumerate(trajs)
+    }
+    return student_lp, engine
+
+
+@pytest.mark.parametrize("granularity", ["turn", "trajectory"])
+def test_reverse_kl_is_the_mean_log_ratio_of_the_scored_tokens(setup, learners, granularity):
+    """reverse_kl and the engine gap over the scored tokens, from the forward that gives
+    log π_s: the segment direct pass (`turn`) or the one-shot score gradient (`trajectory`)."""
+    graphdef, params, trajs = setup
+    learner = learners[granularity]
+    student_lp, engine = _noisy_engine(graphdef, params, trajs, 8)
+    log_ratio, delta = [], []
+    for row, (km, (_, spans, t_lp)) in enumerate(trajs.items()):
         log_ratio += [student_lp[row, t] - t_lp[t] for s, e in spans for t in range(s, e)]
-    _, metrics, _ = _run(learner, params, trajs, "stream", 3)
+        delta += [engine[km][t] - student_lp[row, t] for s, e in spans for t in range(s, e)]
+    _, metrics, _ = _run(learner, params, trajs, "stream", 3, engine=engine)
     np.testing.assert_allclose(metrics["reverse_kl"], np.mean(log_ratio), rtol=1e-4)
+    # The gap comes from the same forward, over the same scored tokens.
+    d = np.asarray(delta)
+    np.testing.assert_allclose(metrics["engine_logprob_gap_abs"], np.abs(d).mean(), rtol=1e-4)
+    np.testing.assert_allclose(
+        metrics["engine_logprob_gap_kl"], np.mean(np.expm1(-d) + d), rtol=1e-4
+    )
+
+
+def test_truncated_importance_weight_at_both_granularities(setup, reference):
+    """rl.tis_cap: per-turn segments (the weight inside each direct pass, so in the buffered
+    cotangents too) and the one-shot gradient both give the weighted synchronous update,
+    which is not the unweighted one."""
+    graphdef, params, trajs = setup
+    _, engine = _noisy_engine(graphdef, params, trajs, 9)
+    want, _ = _reference(graphdef, params, trajs, engine, tis_cap=1.2)
+    assert _rel_err(want, reference[0]) > 1e-2
+    for granularity, schedule in (("turn", "stream"), ("trajectory", "sync")):
+        learner = _learner(graphdef, granularity, tis_cap=1.2)
+        grads, _, _ = _run(learner, params, trajs, schedule, 4, engine=engine)
+        assert _rel_err(grads, want) <= 1e-5, granularity
 
 
 def test_turn_of_another_policy_version_is_refused(setup, learner):

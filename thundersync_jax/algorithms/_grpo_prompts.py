@@ -7,7 +7,9 @@ gradient h_i (prompt keys/values held fixed) goes into the ordinary `accumulator
 as a per-member chunk would, and its cotangents for the prompt's keys/values go into two
 prompt-sized tallies, Σ (r_i − c) w_i dKV_i and Σ w_i dKV_i. When the group closes (all its
 members in; a `batch`-scope estimator: at the batch end) the prompt is backpropagated once with
-the group's advantage scalars, and finalize adds −(1/Z) Σ_groups of those gradients.
+the group's advantage scalars, and finalize adds −(1/Z) Σ_groups of those gradients. A
+member's segment forward also gives the engine/learner log-prob gap of its sampled tokens and,
+with `rl.tis_cap`, their truncated importance weights (in h_i and in its prompt cotangents).
 
 Exact for every affine estimator. Bucketed (non-affine) callables, deterministic mode (whose
 tallies are exact integers) and regularizer terms (they read whole trajectories) fall back to
@@ -32,6 +34,7 @@ from thundersync_jax.algorithms.base import (
     verifier_failure,
 )
 from thundersync_jax.learner import segments_prompt
+from thundersync_jax.rollout.logprob_gap import GapTally
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class SharedPromptState(NamedTuple):
       prompt_grad: Σ over closed groups of the prompt's backward (float32 like the trainable
         params), or None before the first group closes.
       kept_bytes_peak: peak device bytes of the open groups' prompt caches and tallies.
+      gap: the engine/learner log-prob gap sums so far.
     """
 
     acc: Any
@@ -57,6 +61,7 @@ class SharedPromptState(NamedTuple):
     members: dict = {}
     prompt_grad: Any = None
     kept_bytes_peak: int = 0
+    gap: GapTally = GapTally()
 
 
 def uses_shared_prompts(acc, regularizer_fn, deterministic: bool) -> bool:
@@ -113,8 +118,14 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
         member = segments_prompt.member(fns, group)
         rest = slice(traj.prompt_len, None)
         mask = np.asarray(traj.loss_mask[rest], np.float32)
+        engine = getattr(traj, "logprobs", None)  # NaN (none) where the engine gave none
         member, res = fns.score(
-            p.params, member, traj.tokens[rest], mask, base_params=p.base_params
+            p.params,
+            member,
+            traj.tokens[rest],
+            mask,
+            engine_logprobs=None if engine is None else np.asarray(engine, np.float32)[rest],
+            base_params=p.base_params,
         )
         deferred, member = fns.close(p.params, member, base_params=p.base_params)
         h = res.grad if res.grad is not None else _zeros_like(p.params)
@@ -133,7 +144,12 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
         members = {**state.members, k: state.members.get(k, 0) + 1}
         peak = max(state.kept_bytes_peak, sum(_group_bytes(g) for _, g in groups.values()))
         return state._replace(
-            acc=acc_state, tally=tally, groups=groups, members=members, kept_bytes_peak=peak
+            acc=acc_state,
+            tally=tally,
+            groups=groups,
+            members=members,
+            kept_bytes_peak=peak,
+            gap=state.gap if res.gap is None else state.gap.add(res.gap),
         )
 
     def close_prompt(state: SharedPromptState, k: int, scope_rewards) -> SharedPromptState:
@@ -180,7 +196,7 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
         process=process,
         close_groups=close_groups,
         finalize=finalize,
-        metrics=lambda state: tally_metrics(state.tally),
+        metrics=lambda state: {**tally_metrics(state.tally), **state.gap.metrics()},
         compiles=lambda: int(fns.compiles),
         accumulator_state=lambda state: state.acc,
         kept_bytes_peak=lambda state: int(state.kept_bytes_peak),

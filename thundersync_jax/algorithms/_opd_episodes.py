@@ -40,6 +40,8 @@ class TurnPayload:
       teacher_logprobs: float32 [L], log π_T of each masked token (0 elsewhere).
       policy_version: version of the student weights that sampled the turn.
       turn: the turn's index in its episode.
+      engine_logprobs: float32 [L], the student engine's log-probs of the masked tokens (NaN
+        elsewhere), or None when the engine gave none.
     """
 
     tokens: np.ndarray
@@ -47,6 +49,7 @@ class TurnPayload:
     teacher_logprobs: np.ndarray
     policy_version: int
     turn: int
+    engine_logprobs: np.ndarray | None = None
 
     @classmethod
     def from_turn(
@@ -56,8 +59,10 @@ class TurnPayload:
         teacher_logprobs: Sequence[float],
         policy_version: int,
         turn: int,
+        engine_logprobs: Sequence[float] | None = None,
     ) -> TurnPayload:
-        """From the trajectory so far and the teacher's log-probs of the turn at `turn_start`."""
+        """From the trajectory so far and the teacher's (and optionally the sampling engine's)
+        log-probs of the turn at `turn_start`."""
         t_lp = np.asarray(teacher_logprobs, np.float32).reshape(-1)
         end = turn_start + len(t_lp)
         prefix = np.asarray(tokens, np.int32)[:end]
@@ -70,7 +75,16 @@ class TurnPayload:
         mask[turn_start:end] = True
         full_lp = np.zeros(end, np.float32)
         full_lp[turn_start:end] = t_lp
-        return cls(prefix, mask, full_lp, int(policy_version), int(turn))
+        engine = None
+        if engine_logprobs is not None:
+            e_lp = np.asarray(engine_logprobs, np.float32).reshape(-1)
+            if e_lp.shape != t_lp.shape:
+                raise ValueError(
+                    f"turn at {turn_start}: {len(e_lp)} engine log-probs for {len(t_lp)} tokens"
+                )
+            engine = np.full(end, np.nan, np.float32)
+            engine[turn_start:end] = e_lp
+        return cls(prefix, mask, full_lp, int(policy_version), int(turn), engine)
 
     @property
     def num_tokens(self) -> int:
@@ -109,7 +123,12 @@ def episode_work(service: teacher.TeacherService, timeline) -> EpisodeWork:
         def deliver(f: concurrent.futures.Future) -> None:
             try:
                 payload = TurnPayload.from_turn(
-                    tokens, turn.start, f.result(), turn.policy_version, turn.index
+                    tokens,
+                    turn.start,
+                    f.result(),
+                    turn.policy_version,
+                    turn.index,
+                    engine_logprobs=turn.logprobs,
                 )
             except Exception as e:  # the teacher failed this turn: the member is lost
                 queued.set_exception(e)

@@ -14,10 +14,14 @@ linear cost"):
   the student log-probs and one score gradient over the whole trajectory, every scored turn
   masked in (the one-shot gradient; nothing overlaps the rollout).
 
-Both equal the full-trajectory OPD gradient. Turns must be folded in order (the cache only
-grows), but the teacher may finish them out of order: a turn whose predecessor has not arrived
-waits in `held`; on close the held turns are folded in turn order, so a lost turn (its teacher
-call failed) is a gap of unscored tokens, exactly as in the one-shot gradient.
+Both equal the full-trajectory OPD gradient. The forward that gives log π_s (the direct pass,
+or the one-shot score gradient) also gives the engine/learner gap sums of the scored tokens
+and, with `rl.tis_cap`, weights each by min(π_s / π_engine, cap) (`Folded.gap`).
+
+Turns must be folded in order (the cache only grows), but the teacher may finish them out of
+order: a turn whose predecessor has not arrived waits in `held`; on close the held turns are
+folded in turn order, so a lost turn (its teacher call failed) is a gap of unscored tokens,
+exactly as in the one-shot gradient.
 
 Everything here is a pure function of `OpenTrajectory` values (host numbers and device arrays);
 the per-batch `opd.OpdState` threads them.
@@ -44,6 +48,8 @@ class OpenTrajectory(NamedTuple):
         later turn's prefix must start with them).
       scored: float32 [S] 1 on the tokens scored so far (the regularizer terms' mask at close).
       teacher_logprobs: float32 [S] log π_T of the scored tokens (trajectory granularity).
+      engine_logprobs: float32 [S] the sampling engine's log-probs of the scored tokens (NaN
+        where it gave none; trajectory granularity).
       next_turn: the turn index folded in next.
       held: turns that arrived before an earlier one, sorted by turn index.
       folded: turns folded in.
@@ -54,6 +60,7 @@ class OpenTrajectory(NamedTuple):
     seen: np.ndarray = np.zeros(0, np.int32)
     scored: np.ndarray = np.zeros(0, np.float32)
     teacher_logprobs: np.ndarray = np.zeros(0, np.float32)
+    engine_logprobs: np.ndarray = np.zeros(0, np.float32)
     next_turn: int = 0
     held: tuple = ()
     folded: int = 0
@@ -71,11 +78,13 @@ class OpenTrajectory(NamedTuple):
 
 
 class Folded(NamedTuple):
-    """What folding turns in added: (accumulator state, scored tokens, Σ log π_s − log π_T)."""
+    """What folding turns in added: (accumulator state, scored tokens, Σ log π_s − log π_T,
+    the engine/learner gap sums of those tokens or None)."""
 
     acc: Any
     tokens: int
     log_ratio_sum: float
+    gap: dict | None = None
 
 
 def check_granularity(value: str) -> str:
@@ -90,6 +99,8 @@ def check_granularity(value: str) -> str:
 def extend(traj: OpenTrajectory, payload) -> tuple[OpenTrajectory, np.ndarray, np.ndarray, Any]:
     """(traj with the payload's new tokens taken in, new tokens, their mask, their log π_T).
 
+    The new tokens' engine log-probs are in `traj.engine_logprobs[-len(new):]` (NaN: none).
+
     Raises ValueError when the turn's prefix does not continue what the learner has seen (a
     turn folded twice, or an environment whose transcript is not append-only).
     """
@@ -103,10 +114,13 @@ def extend(traj: OpenTrajectory, payload) -> tuple[OpenTrajectory, np.ndarray, n
     mask = np.asarray(payload.loss_mask, np.float32)[done:]
     t_lp = np.asarray(payload.teacher_logprobs, np.float32)[done:]
     new = tokens[done:]
+    engine = getattr(payload, "engine_logprobs", None)
+    e_lp = np.full(len(new), np.nan, np.float32) if engine is None else engine[done:]
     traj = traj._replace(
         seen=tokens.copy(),
         scored=np.concatenate([traj.scored, mask]),
         teacher_logprobs=np.concatenate([traj.teacher_logprobs, t_lp]),
+        engine_logprobs=np.concatenate([traj.engine_logprobs, np.asarray(e_lp, np.float32)]),
     )
     return traj, new, mask, t_lp
 
@@ -147,13 +161,14 @@ class TurnSegments:
             new,
             mask,
             teacher_logprobs=t_lp,
+            engine_logprobs=traj.engine_logprobs[len(traj.seen) - len(new) :],
             base_params=policy.base_params,
         )
         if res.grad is not None:
             acc = self._add(acc, res.grad, res.num_tokens, 1)
         # weights = Â_t = log π_T − log π_s on scored tokens (0 elsewhere).
         log_ratio = float(-np.sum(res.weights, dtype=np.float64))
-        return traj._replace(cache=cache), Folded(acc, res.num_tokens, log_ratio)
+        return traj._replace(cache=cache), Folded(acc, res.num_tokens, log_ratio, res.gap)
 
     def close(self, policy, acc, traj: OpenTrajectory) -> Folded:
         if traj.cache is None:
@@ -188,6 +203,13 @@ class WholeTrajectory:
         student_lp = self.logprob_fn(policy.params, tokens, policy.base_params)
         # Â_t = −(log π_s − log π_T)(o_t): numbers from the learner's forward, no gradient.
         advantage = np.where(mask > 0, teacher_lp - student_lp, 0.0).astype(np.float32)
-        h, n = self.score_fn(policy.params, tokens, mask, advantage, base_params=policy.base_params)
+        h, n, gap = self.score_fn.score_and_gap(
+            policy.params,
+            tokens,
+            mask,
+            advantage,
+            traj.engine_logprobs[None],  # one row, unpadded: aligned with `tokens`
+            base_params=policy.base_params,
+        )
         acc = self._add(acc, h, n, max(traj.folded, 1))
-        return Folded(acc, n, float(-np.sum(advantage, dtype=np.float64)))
+        return Folded(acc, n, float(-np.sum(advantage, dtype=np.float64)), gap)

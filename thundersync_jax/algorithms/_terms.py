@@ -1,5 +1,9 @@
 """Shared by every algorithm: the score-gradient function and the regularizer terms of a config.
 
+The score-gradient chunk is built with `rl.tis_cap` (0 = off): the truncated importance weight
+min(π_learner / π_engine, cap) on each sampled token of the policy-gradient term (DESIGN §2),
+from the engine log-probs every trajectory carries. The regularizer terms are not weighted.
+
 `rl.kl_coef` (KL to the frozen warm start) and `rl.entropy_coef` (entropy bonus) work the same
 way for GRPO and OPD: the accumulator is combined with the enabled terms
 (`accumulators.combine`) and each chunk's term gradients go into its global tally.
@@ -14,6 +18,7 @@ from flax import nnx
 
 from thundersync_jax.algorithms.base import LearnerSetup
 from thundersync_jax.learner import chunks, regularizers, segments
+from thundersync_jax.rollout import logprob_gap
 
 
 def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
@@ -28,7 +33,13 @@ def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
         temperature=float(c.rollout.temperature),  # log-probs of what the engine sampled
         out_shardings=setup.grad_shardings,
         rows=setup.rows,
+        tis_cap=tis_cap(c),
     )
+
+
+def tis_cap(config) -> float:
+    """`rl.tis_cap` checked (0 = off, else a finite cap >= 1); ValueError naming a bad value."""
+    return logprob_gap.check_tis_cap(config.rl.get("tis_cap", 0.0))
 
 
 def with_regularizers(acc, setup: LearnerSetup):
@@ -99,4 +110,5 @@ def segment_fns_for(setup: LearnerSetup):
         temperature=float(c.rollout.temperature),
         cache_dtype=c.model.dtype,
         pad_id=setup.pad_id,
+        tis_cap=tis_cap(c),
     )

@@ -6,8 +6,11 @@ jitted score-gradient call whose rows are the trajectories, row i weighted by it
 loss-aggregation weight w_i, and one `add_weighted` into the streaming accumulator
 (`accumulators.grpo`); `finalize` gives ∇L. With `rl.kl_coef` / `rl.entropy_coef` the
 accumulator is combined with the terms and each chunk's term gradients go into their global
-tally (`algorithms._terms`). `rl.shared_prompt=True` forwards and backpropagates each group's
-prompt once instead of once per member (`algorithms._grpo_prompts`).
+tally (`algorithms._terms`). The same forward gives the engine/learner log-prob gap of the
+sampled tokens (folded per step: the `engine_logprob_gap_*` metrics) and, with `rl.tis_cap`,
+each token's truncated importance weight. `rl.shared_prompt=True` forwards and backpropagates
+each group's prompt once instead of once per member (`algorithms._grpo_prompts`), with the same
+gap and weight from its members' segment forwards.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
     verifier_failure,
 )
+from thundersync_jax.rollout.logprob_gap import GapTally
 from thundersync_jax.schedule import config_check
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
@@ -42,11 +46,13 @@ class GrpoState(NamedTuple):
       acc: the accumulator's state (`accumulators.grpo`, combined with terms when enabled).
       policy: the batch's policy (params, base, version).
       tally: tokens, rewards, lags and verifier failures so far.
+      gap: the engine/learner log-prob gap sums so far.
     """
 
     acc: Any
     policy: BatchPolicy
     tally: BatchTally
+    gap: GapTally = GapTally()
 
 
 def pack_rows(
@@ -70,6 +76,20 @@ def pack_rows(
         total += n_loss
         weights[row, :n] = float(loss_weight(max(n_loss, 1)))
     return tokens, mask, weights, total
+
+
+def engine_logprob_rows(trajectories: Sequence[Any], width: int) -> np.ndarray:
+    """[m, width] the engine's log-probs of each trajectory's tokens (rows as `pack_rows`).
+
+    NaN (no engine log-prob: left out of the gap, importance weight 1) where a payload carries
+    none.
+    """
+    rows = np.full((len(trajectories), width), np.nan, np.float32)
+    for row, traj in enumerate(trajectories):
+        logprobs = getattr(traj, "logprobs", None)
+        if logprobs is not None:
+            rows[row, : len(traj.tokens)] = logprobs
+    return rows
 
 
 def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearner:
@@ -101,7 +121,10 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
             if failure is not None:
                 failures.append(f"{item.item_id}: reward {item.reward} ({failure})")
         tokens, mask, weights, n = pack_rows(trajs, loss_weight, pad_id)
-        h, _ = score_fn(p.params, tokens, mask, weights, base_params=p.base_params)
+        engine_lp = engine_logprob_rows(trajs, tokens.shape[1])
+        h, _, gap = score_fn.score_and_gap(
+            p.params, tokens, mask, weights, engine_lp, base_params=p.base_params
+        )
         head = chunk[0]
         acc_state = add(state.acc, head.group, head.reward, h, n, len(chunk))
         acc_state = add_terms(acc_state, p.params, p.base_params, tokens, mask, weights)
@@ -117,7 +140,7 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
             lags=lags,
             verifier_failures=failures,
         )
-        return GrpoState(acc_state, p, tally)
+        return GrpoState(acc_state, p, tally, state.gap.add(gap))
 
     def close_groups(state: GrpoState, groups) -> GrpoState:
         acc_state = state.acc
@@ -130,7 +153,7 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
         process=process,
         close_groups=close_groups,
         finalize=lambda state: acc.finalize(state.acc),
-        metrics=lambda state: tally_metrics(state.tally),
+        metrics=lambda state: {**tally_metrics(state.tally), **state.gap.metrics()},
         compiles=lambda: int(score_fn.compiles) + add_terms.compiles,
         accumulator_state=lambda state: state.acc,
     )

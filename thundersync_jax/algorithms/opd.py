@@ -18,7 +18,10 @@ folds the turns of each trajectory in at `rl.opd_granularity` (`_opd_trajectorie
 
 finalize = −(1/N) Σ h over the batch's N scored tokens: the batch-synchronous update in every
 schedule and granularity. `rl.kl_coef` and `rl.entropy_coef` add their terms over the
-trajectory's scored tokens when it closes (`algorithms._terms`).
+trajectory's scored tokens when it closes (`algorithms._terms`). The forward that gives log π_s
+(the segment's direct pass, or the whole trajectory's score gradient) also gives the
+engine/learner log-prob gap of the scored tokens (the `engine_logprob_gap_*` metrics) and, with
+`rl.tis_cap`, their truncated importance weights: no extra forward.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
 )
 from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.rollout.logprob_gap import GapTally
 from thundersync_jax.schedule import config_check, schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem
@@ -66,6 +70,7 @@ class OpdState(NamedTuple):
         per state: states are never mutated).
       kept_bytes_peak: peak device bytes of the open trajectories' caches and buffers.
       granularity: this batch's `rl.opd_granularity`, resolved ("turn" or "trajectory").
+      gap: the engine/learner log-prob gap sums so far.
     """
 
     acc: Any
@@ -76,6 +81,7 @@ class OpdState(NamedTuple):
     open: dict = {}
     kept_bytes_peak: int = 0
     granularity: str = "turn"
+    gap: GapTally = GapTally()
 
 
 def batch_learner(
@@ -120,16 +126,19 @@ def batch_learner(
         closing = flush_all or traj.complete
         traj, ready = _trajs.ready_turns(traj, flush=closing)
         acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
+        gap = state.gap
         for payload in ready:
             traj, folded = folder.fold(state.policy, acc_state, traj, payload)
             acc_state, tokens = folded.acc, tokens + folded.tokens
             log_ratio += folded.log_ratio_sum
+            gap = gap if folded.gap is None else gap.add(folded.gap)
             opened[key] = traj
             peak = max(peak, sum(t.nbytes for t in opened.values()))
         if closing:
             folded = folder.close(state.policy, acc_state, traj)
             acc_state, tokens = folded.acc, tokens + folded.tokens
             log_ratio += folded.log_ratio_sum
+            gap = gap if folded.gap is None else gap.add(folded.gap)
             if traj.scored.any():  # the terms over every scored token, one full forward
                 p = state.policy
                 acc_state = add_terms(
@@ -144,6 +153,7 @@ def batch_learner(
             reverse_kl_sum=state.reverse_kl_sum + log_ratio,
             open=opened,
             kept_bytes_peak=peak,
+            gap=gap,
         )
 
     def process(state: OpdState, chunk: list[WorkItem]) -> OpdState:
@@ -201,7 +211,7 @@ def batch_learner(
         # Rounded to 1e-6 nats (far below its sampling noise): the float32 forwards behind it
         # are padded per chunk, and chunks differ between schedules in the last bits.
         kl = state.reverse_kl_sum / max(state.tally.tokens, 1)
-        out.update(reverse_kl=round(kl, 6), turns=int(state.turns))
+        out.update(reverse_kl=round(kl, 6), turns=int(state.turns), **state.gap.metrics())
         return out
 
     def compiles() -> int:

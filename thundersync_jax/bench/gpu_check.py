@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -200,8 +201,13 @@ def _leaves(tree):
     return jax.tree.leaves(tree)
 
 
-def stream_sync_part(size: CheckSize, workdir: str, python: str) -> dict[str, Any]:
-    """Two steps of configs/cpu.py:vllm under sync and under stream; same final parameters."""
+def stream_sync_part(
+    size: CheckSize, workdir: str, python: str, extra_flags: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Two steps of configs/cpu.py:vllm under sync and under stream; same final parameters.
+
+    `extra_flags` are appended to both command lines (e.g. `--config.rl.tis_cap=2`).
+    """
     import safetensors.numpy
 
     runs = {}
@@ -214,7 +220,7 @@ def stream_sync_part(size: CheckSize, workdir: str, python: str) -> dict[str, An
         cmd += [f"--config.sft.cache_dir={os.path.join(workdir, 'sft')}"]
         # The tiny warm start earns reward 0 everywhere (zero advantages, skipped updates); the
         # entropy term gives every step a non-zero gradient, so the comparison has content.
-        cmd += ["--config.rl.entropy_coef=0.01"]
+        cmd += ["--config.rl.entropy_coef=0.01", *extra_flags]
         t = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=_repo_root(), timeout=1800)
         with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -226,6 +232,9 @@ def stream_sync_part(size: CheckSize, workdir: str, python: str) -> dict[str, An
             "reward_mean": [m["reward_mean"] for m in metrics],
             "grad_norm": [m["grad_norm"] for m in metrics],
             "update_skipped": [m["update_skipped"] for m in metrics],
+            # None: the step had no engine log-probs (the metric is absent, never 0).
+            "engine_logprob_gap_abs": [m.get("engine_logprob_gap_abs") for m in metrics],
+            "engine_logprob_gap_max": [m.get("engine_logprob_gap_max") for m in metrics],
         }
     a, b = runs["sync"].pop("params"), runs["stream"].pop("params")
     start_dir = glob.glob(os.path.join(workdir, "sft", "sft", "student-*"))[0]

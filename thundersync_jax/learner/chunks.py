@@ -24,7 +24,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from thundersync_jax import losses
-from thundersync_jax.learner import buckets
+from thundersync_jax.learner import buckets, logprobs
 from thundersync_jax.models import lora
 
 
@@ -34,11 +34,18 @@ def _weighted_logprob_sum(
     loss_mask: Float[Array, "B T"],
     token_weights: Float[Array, "B T"],
     temperature: float = 1.0,
-) -> Float[Array, ""]:
-    """Σ w·m·log π(tokens[:, t] | tokens[:, <t]); position 0 has no context and is never scored."""
+    engine_logprobs: Float[Array, "B T"] | None = None,
+    tis_cap: float = 0.0,
+) -> tuple[Float[Array, ""], dict]:
+    """(Σ w·m·log π(tokens[:, t] | tokens[:, <t]), engine gap sums); position 0 is never scored.
+
+    With `engine_logprobs` the same forward also gives the engine/learner gap sums and, with
+    `tis_cap` > 0, each token's truncated importance weight (`logprobs.policy_objective`).
+    """
     logits = tempered(model(tokens[:, :-1]), temperature)  # [B, T-1, V]: t-1 predicts t
     logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1] float32
-    return jnp.sum(logp * (loss_mask[:, 1:] * token_weights[:, 1:]))
+    engine = None if engine_logprobs is None else engine_logprobs[:, 1:]
+    return logprobs.policy_objective(logp, loss_mask[:, 1:], token_weights[:, 1:], engine, tis_cap)
 
 
 def tempered(logits: Float[Array, "B T V"], temperature: float) -> Float[Array, "B T V"]:
@@ -64,6 +71,7 @@ class ScoreGradFn:
       remat: per-layer rematerialization in the backward pass.
       lora: whether the trainable parameters are LoRA adapters over frozen base params.
       temperature: the rollout sampling temperature the log-probs are taken at.
+      tis_cap: > 0 weights each token by min(π_learner / π_engine, tis_cap) (`score_and_gap`).
       compiles: number of compilations so far (one per distinct padded shape / tree layout).
     """
 
@@ -77,8 +85,10 @@ class ScoreGradFn:
         out_shardings: Any = None,
         temperature: float = 1.0,
         rows: Any = None,
+        tis_cap: float = 0.0,
     ):
         self.graphdef = graphdef
+        self.tis_cap = float(tis_cap)
         self.rows = rows
         self.temperature = check_temperature(temperature)
         self.seq_buckets = buckets.validate_buckets(seq_buckets)
@@ -86,7 +96,13 @@ class ScoreGradFn:
         self.lora = bool(lora_adapters)
         self.pad_id = int(pad_id)
         self.compiles = 0
-        jit_kwargs = {} if out_shardings is None else {"out_shardings": out_shardings}
+        jit_kwargs = {}
+        if out_shardings is not None:
+            # The gap sums are scalars: replicated over the parameters' mesh.
+            mesh = jax.tree.leaves(out_shardings)[0].mesh
+            scalars = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            jit_kwargs = {"out_shardings": (out_shardings, scalars)}
+        # One program per padded shape, with or without engine log-probs (NaN: none given).
         self._jitted = jax.jit(self._score_grad, **jit_kwargs)
 
     def _model(self, params: Any, base_params: Any) -> Any:
@@ -100,21 +116,43 @@ class ScoreGradFn:
             model.remat = True  # the model wraps each decoder layer in nnx.remat
         return model
 
-    def _score_grad(self, params, base_params, tokens, loss_mask, token_weights):
-        # Runs once per trace, i.e. once per compilation of this jitted function.
+    def _score_grad(self, params, base_params, tokens, loss_mask, token_weights, engine_lp=None):
+        # Runs once per trace, i.e. once per compilation of this jitted function. The calls
+        # always pass engine_lp (NaN where none); None (tracing by hand) gives no gap sums.
         self.compiles += 1
 
         def objective(trainable):
             model = self._model(trainable, base_params)
-            return _weighted_logprob_sum(model, tokens, loss_mask, token_weights, self.temperature)
+            return _weighted_logprob_sum(
+                model, tokens, loss_mask, token_weights, self.temperature, engine_lp, self.tis_cap
+            )
 
-        grads = jax.grad(objective)(params)
+        grads, gap = jax.grad(objective, has_aux=True)(params)
         # Tallies are float32 whatever the param dtype (bf16 grads are upcast once, here).
-        return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        return jax.tree.map(lambda g: g.astype(jnp.float32), grads), gap
 
     def lower(self, params, base_params, tokens, loss_mask, token_weights):
-        """The jitted program lowered at these (possibly abstract) arguments (`--dry_run`)."""
-        return self._jitted.lower(params, base_params, tokens, loss_mask, token_weights)
+        """The jitted program lowered at these (possibly abstract) arguments (`--dry_run`).
+
+        The engine log-probs are shaped, typed and laid out like `token_weights`.
+        """
+        engine = token_weights
+        return self._jitted.lower(params, base_params, tokens, loss_mask, token_weights, engine)
+
+    def _padded(self, tokens, loss_mask, token_weights, engine_logprobs):
+        chunk = buckets.pad_chunk(tokens, loss_mask, token_weights, self.seq_buckets, self.pad_id)
+        if not np.all((chunk.loss_mask == 0) | (chunk.loss_mask == 1)):
+            raise ValueError("loss_mask must hold only 0 and 1 (put weights in token_weights)")
+        if engine_logprobs is None:
+            engine_logprobs = np.full(np.shape(tokens), np.nan, np.float32)
+        e = np.asarray(engine_logprobs, np.float32)
+        if e.shape != np.shape(tokens):
+            raise ValueError(f"engine_logprobs {e.shape} must match tokens {np.shape(tokens)}")
+        pad = [(0, p - n) for p, n in zip(chunk.tokens.shape, e.shape, strict=True)]
+        arrays = [chunk.tokens, chunk.loss_mask, chunk.token_weights, np.pad(e, pad)]
+        if self.rows is not None:
+            arrays = place_rows(arrays, self.rows)  # padding rows have mask 0: never counted
+        return tuple(arrays), int(chunk.loss_mask.sum())
 
     def __call__(
         self,
@@ -135,16 +173,35 @@ class ScoreGradFn:
             Â_t for OPD); None = all ones.
           base_params: frozen model params, required with `lora=True`.
         """
+        if self.tis_cap:
+            raise ValueError(
+                f"tis_cap={self.tis_cap} needs the engine's log-probs: call score_and_gap"
+            )
+        h, n, _ = self.score_and_gap(params, tokens, loss_mask, token_weights, None, base_params)
+        return h, n
+
+    def score_and_gap(
+        self,
+        params: Any,
+        tokens: Int[Array, "B T"] | np.ndarray,
+        loss_mask: Float[Array, "B T"] | np.ndarray,
+        token_weights: Float[Array, "B T"] | np.ndarray | None,
+        engine_logprobs: Float[Array, "B T"] | np.ndarray | None,
+        base_params: Any = None,
+    ) -> tuple[Any, int, dict]:
+        """(h, n, gap): `__call__` given the engine's log-probs of the chunk's tokens.
+
+        `engine_logprobs` [B, T] is aligned with `tokens` (entry t: the engine's log π of
+        token t; NaN where the engine gave none; None = none at all). From the same forward as
+        h, `gap` holds the chunk's engine/learner gap sums (`rollout.logprob_gap.gap_sums`:
+        device scalars), and with `tis_cap` > 0 every scored token's term is weighted by
+        min(π_learner / π_engine, tis_cap), detached: h = Σ w·m·ρ·∇ log π.
+        """
         if self.lora and base_params is None:
             raise ValueError("a LoRA score-gradient function needs base_params (the frozen model)")
-        chunk = buckets.pad_chunk(tokens, loss_mask, token_weights, self.seq_buckets, self.pad_id)
-        if not np.all((chunk.loss_mask == 0) | (chunk.loss_mask == 1)):
-            raise ValueError("loss_mask must hold only 0 and 1 (put weights in token_weights)")
-        arrays = (chunk.tokens, chunk.loss_mask, chunk.token_weights)
-        if self.rows is not None:
-            arrays = place_rows(arrays, self.rows)
-        h = self._jitted(params, base_params, *arrays)
-        return h, int(chunk.loss_mask.sum())
+        arrays, n = self._padded(tokens, loss_mask, token_weights, engine_logprobs)
+        h, gap = self._jitted(params, base_params, *arrays)
+        return h, n, gap
 
 
 def place_rows(arrays: Sequence[np.ndarray], rows: Any) -> tuple[jax.Array, ...]:
@@ -171,6 +228,7 @@ def make_score_grad_fn(
     out_shardings: Any = None,
     temperature: float = 1.0,
     rows: Any = None,
+    tis_cap: float = 0.0,
 ) -> ScoreGradFn:
     """Builds the jitted score-gradient function for a model structure (`nnx.split` graphdef).
 
@@ -187,9 +245,12 @@ def make_score_grad_fn(
         so the gradient is the one of the distribution the engine sampled from.
       rows: optional NamedSharding for the chunk's rows (`learner.mesh.batch_sharding`):
         rows are split over "fsdp" (padded with zero rows to a multiple of its size).
+      tis_cap: > 0 applies the truncated importance weight in `score_and_gap` (0 = off).
 
     Returns:
       fn(params, tokens, loss_mask, token_weights=None, base_params=None) -> (h, n), with
       `fn.compiles` counting compilations.
     """
-    return ScoreGradFn(graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature, rows)
+    return ScoreGradFn(
+        graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature, rows, tis_cap
+    )

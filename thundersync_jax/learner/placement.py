@@ -19,6 +19,8 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
+from thundersync_jax.rollout import engine_cmd
+
 log = logging.getLogger(__name__)
 
 ENV_KEYS = (
@@ -37,23 +39,17 @@ def _gpu_node(config: Any):
 
 def learner_gpu_ids(config: Any) -> tuple[int, ...]:
     """The node's GPUs left to the learner after the rollout and teacher GPUs; () on CPU."""
-    node = _gpu_node(config)
-    if node is None:
+    owned = engine_cmd.node_gpus(config)  # the one GPU order of engines and learner
+    if owned is None:
         return ()
-    first = int(node.rollout_gpus) + int(node.get("teacher_gpus", 0))
-    learner = int(node.learner_gpus)
-    if first + learner > int(node.num_gpus):
-        raise ValueError(
-            f"node: rollout_gpus {node.rollout_gpus} + teacher_gpus {node.get('teacher_gpus', 0)}"
-            f" + learner_gpus {learner} > num_gpus {node.num_gpus}"
-        )
+    learner = len(owned["learner"])
     mesh_devices = int(config.mesh.fsdp) * int(config.mesh.tp)
     if mesh_devices != learner:
         raise ValueError(
             f"config.mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} = {mesh_devices} "
             f"devices, but node.learner_gpus={learner}; make them equal"
         )
-    return tuple(range(first, first + learner))
+    return tuple(owned["learner"])
 
 
 def learner_env(config: Any) -> dict[str, str]:

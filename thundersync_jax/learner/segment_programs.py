@@ -1,5 +1,10 @@
 """The jitted passes behind `segments.py`: forward, direct gradient, and one sweep step.
 
+The direct pass takes the engine's log-probs of the segment's targets (NaN where none): from
+its own forward it gives the engine/learner gap sums and, with `tis_cap` > 0, weights each
+scored token by min(π_learner / π_engine, tis_cap), detached (`logprobs.policy_objective`), so
+the cotangents buffered for the sweep carry the weight too.
+
 Each is a pure function of (params, caches, one padded segment); every program compiles once
 per (segment bucket, cache capacity) pair, and `Programs.compiles` counts the traces. Cache and
 cotangent buffers are donated, so on a backend that honours donation they update in place.
@@ -15,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from thundersync_jax import losses
-from thundersync_jax.learner import chunks
+from thundersync_jax.learner import chunks, logprobs
 from thundersync_jax.models import lora
 from thundersync_jax.models.qwen3 import _segment
 
@@ -52,11 +57,19 @@ def _read(buffer, start, real):
 class Programs:
     """Jitted forward / direct / sweep passes for one model structure."""
 
-    def __init__(self, graphdef: Any, remat: bool, lora_adapters: bool, temperature: float):
+    def __init__(
+        self,
+        graphdef: Any,
+        remat: bool,
+        lora_adapters: bool,
+        temperature: float,
+        tis_cap: float = 0.0,
+    ):
         self.graphdef = graphdef
         self.remat = remat
         self.lora = lora_adapters
         self.temperature = temperature
+        self.tis_cap = float(tis_cap)
         self.compiles = 0
         self._lock = threading.Lock()
         # `past_slots` (static): how many leading cache slots a segment attends to, a cache
@@ -107,7 +120,9 @@ class Programs:
 
     # ---- direct gradient ------------------------------------------------------------------
 
-    def _direct_fn(self, params, base_params, caches, seg, loss_mask, side, *, distill, past_slots):
+    def _direct_fn(
+        self, params, base_params, caches, seg, loss_mask, side, engine, *, distill, past_slots
+    ):
         self._count()
         k, v, dk, dv = caches
 
@@ -115,16 +130,17 @@ class Programs:
             model, out = self._segment(trainable, base_params, past_k, past_v, seg)
             logits = chunks.tempered(model.logits_from_hidden(out.hidden), self.temperature)
             logp = losses.token_logprobs(logits, seg.targets[None])[0]  # [T] float32
-            if distill:  # Â_t = log π_T − log π_s, a number: no gradient through it
-                weights = jax.lax.stop_gradient(side - logp) * loss_mask
-            else:
-                weights = side * loss_mask
-            return jnp.sum(logp * weights), (logp, weights, out.k, out.v)
+            # Â_t = log π_T − log π_s (distill), a number: no gradient through it.
+            token_weights = jax.lax.stop_gradient(side - logp) if distill else side
+            value, gap = logprobs.policy_objective(
+                logp, loss_mask, token_weights, engine, self.tis_cap
+            )
+            return value, (logp, token_weights * loss_mask, gap, out.k, out.v)
 
         past = (k[:, :, :past_slots], v[:, :, :past_slots])
         grads, aux = jax.grad(objective, argnums=(0, 1, 2), has_aux=True)(params, *past)
         g_params, g_k, g_v = grads
-        logp, weights, new_k, new_v = aux
+        logp, weights, gap, new_k, new_v = aux
         g_params = jax.tree.map(lambda g: g.astype(jnp.float32), g_params)
         return (
             g_params,
@@ -134,10 +150,17 @@ class Programs:
             dv.at[:, :, :past_slots].add(g_v.astype(jnp.float32)),
             logp,
             weights,
+            gap,
         )
 
-    def direct(self, params, base_params, caches, seg, loss_mask, side, *, distill, past_slots):
-        """(grad, k, v, dk, dv, logp [T], weights [T]) for one scored segment."""
+    def direct(
+        self, params, base_params, caches, seg, loss_mask, side, engine, *, distill, past_slots
+    ):
+        """(grad, k, v, dk, dv, logp [T], weights [T], gap sums) for one scored segment.
+
+        `engine` [T]: the engine's log-probs of the targets (NaN: none). `weights` are the
+        weights before the importance weight (OPD: Â_t·mask).
+        """
         return self._direct(
             params,
             base_params,
@@ -145,6 +168,7 @@ class Programs:
             seg,
             loss_mask,
             side,
+            engine,
             distill=distill,
             past_slots=past_slots,
         )

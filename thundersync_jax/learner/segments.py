@@ -93,13 +93,17 @@ class SegmentResult(NamedTuple):
         cached K/V held fixed.
       num_tokens: loss-masked tokens of the segment.
       student_logprobs: float32 [n] log π(o_t | o_<t) of the new tokens (0 where no context).
-      weights: float32 [n] the per-token weights used (OPD: Â_t on scored tokens, else 0).
+      weights: float32 [n] the per-token weights (OPD: Â_t on scored tokens, else 0), before
+        the truncated importance weight.
+      gap: the engine/learner gap sums of the scored tokens (`rollout.logprob_gap.gap_sums`,
+        device scalars), or None when nothing was scored.
     """
 
     grad: Any
     num_tokens: int
     student_logprobs: np.ndarray
     weights: np.ndarray
+    gap: dict | None = None
 
 
 def _tree_zeros(tree: Any) -> Any:
@@ -126,6 +130,7 @@ class SegmentFns:
         temperature: float,
         cache_dtype: Any,
         pad_id: int,
+        tis_cap: float = 0.0,
     ):
         self.cfg = cfg
         self.seg_buckets = buckets.validate_buckets(seg_buckets)
@@ -134,7 +139,7 @@ class SegmentFns:
         self.pad_id = int(pad_id)
         self.lora = bool(lora_adapters)
         self.programs = segment_programs.Programs(
-            graphdef, bool(remat), self.lora, chunks.check_temperature(temperature)
+            graphdef, bool(remat), self.lora, chunks.check_temperature(temperature), tis_cap
         )
 
     @property
@@ -211,6 +216,7 @@ class SegmentFns:
         *,
         teacher_logprobs: Sequence[float] | np.ndarray | None = None,
         token_weights: Sequence[float] | np.ndarray | None = None,
+        engine_logprobs: Sequence[float] | np.ndarray | None = None,
         base_params: Any = None,
     ) -> tuple[Trajectory, SegmentResult]:
         """Appends `new_tokens` to the trajectory: forward against its cache, direct gradient.
@@ -226,6 +232,8 @@ class SegmentFns:
             log π_s from this forward (no gradient through Â).
           token_weights: [n] per-token weights instead (GRPO: ones, or a detached importance
             weight); None = ones. Not together with teacher_logprobs.
+          engine_logprobs: [n] the sampling engine's log-probs of the tokens (NaN where it gave
+            none; None = none at all): the gap sums, and the `tis_cap` weight (`SegmentFns`).
           base_params: frozen model params, with `lora=True`.
 
         Returns:
@@ -234,12 +242,14 @@ class SegmentFns:
         """
         if self.lora and base_params is None:
             raise ValueError("a LoRA segment pass needs base_params (the frozen model)")
-        new, mask, side = _checked(new_tokens, loss_mask, teacher_logprobs, token_weights)
+        new, mask, side, engine = _checked(
+            new_tokens, loss_mask, teacher_logprobs, token_weights, engine_logprobs
+        )
         n = len(new)
         if traj.pending < 0:  # the trajectory's first token: nothing before it to score it
             if n and mask[0]:
                 raise ValueError("the first token of a trajectory has no context to score it")
-            inputs, targets, mask, side = new[:-1], new[1:], mask[1:], side[1:]
+            inputs, targets, mask, side, engine = new[:-1], new[1:], mask[1:], side[1:], engine[1:]
         else:
             inputs, targets = np.concatenate([[traj.pending], new[:-1]]).astype(np.int32), new
         pending = int(new[-1]) if n else traj.pending
@@ -251,6 +261,7 @@ class SegmentFns:
         traj = self._grown(traj, traj.length + len(inputs))
         seg = self._padded(traj.length, inputs, targets)
         pad = (0, len(seg.inputs) - len(inputs))
+        gap = None
         if not mask.any():
             k, v = self.programs.forward(
                 params, base_params, traj.k, traj.v, seg, past_slots=self._past_slots(traj.length)
@@ -258,13 +269,14 @@ class SegmentFns:
             grad, dk, dv = None, traj.dk, traj.dv
         else:
             distill = teacher_logprobs is not None
-            grad, k, v, dk, dv, logp, w = self.programs.direct(
+            grad, k, v, dk, dv, logp, w, gap = self.programs.direct(
                 params,
                 base_params,
                 (traj.k, traj.v, traj.dk, traj.dv),
                 seg,
                 np.pad(mask, pad),
                 np.pad(side, pad),
+                np.pad(engine, pad, constant_values=np.nan),
                 distill=distill,
                 past_slots=self._past_slots(traj.length),
             )
@@ -274,7 +286,7 @@ class SegmentFns:
         traj = Trajectory(
             k, v, dk, dv, traj.length + len(inputs), pending, (*traj.segments, segment), traj.shared
         )
-        return traj, SegmentResult(grad, int(mask.sum()), logp_out, weights_out)
+        return traj, SegmentResult(grad, int(mask.sum()), logp_out, weights_out, gap)
 
     def close(
         self, params: Any, traj: Trajectory, *, base_params: Any = None, consumed: bool = False
@@ -333,8 +345,11 @@ def _sweep_blocks(sweep: Sequence[Segment], max_tokens: int) -> list[Segment]:
     return [Segment(b[0].start, np.concatenate([s.inputs for s in b])) for b in blocks]
 
 
-def _checked(new_tokens, loss_mask, teacher_logprobs, token_weights):
-    """(tokens int32 [n], mask float32 [n], teacher log-probs or weights float32 [n])."""
+def _checked(new_tokens, loss_mask, teacher_logprobs, token_weights, engine_logprobs):
+    """(tokens int32 [n], mask, teacher log-probs or weights, engine log-probs: float32 [n]).
+
+    No engine log-probs: all NaN (none given).
+    """
     if teacher_logprobs is not None and token_weights is not None:
         raise ValueError("pass teacher_logprobs (OPD) or token_weights (GRPO), not both")
     new = np.asarray(new_tokens, np.int32).reshape(-1)
@@ -346,7 +361,10 @@ def _checked(new_tokens, loss_mask, teacher_logprobs, token_weights):
     side = np.ones(n, np.float32) if side is None else np.asarray(side, np.float32)
     if side.shape != (n,):
         raise ValueError(f"teacher_logprobs/token_weights need {n} values, got {side.shape}")
-    return new, mask, side
+    engine = np.full(n, np.nan) if engine_logprobs is None else np.asarray(engine_logprobs)
+    if engine.shape != (n,):
+        raise ValueError(f"engine_logprobs need {n} values, got {engine.shape}")
+    return new, mask, side, engine.astype(np.float32)
 
 
 def make_segment_fns(
@@ -360,6 +378,7 @@ def make_segment_fns(
     temperature: float = 1.0,
     cache_dtype: Any = jnp.float32,
     pad_id: int = 0,
+    tis_cap: float = 0.0,
 ) -> SegmentFns:
     """Builds the segment passes for a Qwen3 structure (`nnx.split(model, nnx.Param)[0]`).
 
@@ -373,7 +392,8 @@ def make_segment_fns(
       temperature: the rollout sampling temperature (log π = log_softmax(logits / T)).
       cache_dtype: storage dtype of the cached keys/values (the model's activation dtype).
       pad_id: token written into padding (never attended to, never scored).
+      tis_cap: > 0 weights each scored token by min(π_learner / π_engine, tis_cap) (detached;
+        the engine log-probs given to `score`); 0 = off.
     """
-    return SegmentFns(
-        graphdef, cfg, seg_buckets, cache_buckets, remat, lora, temperature, cache_dtype, pad_id
-    )
+    passes = (seg_buckets, cache_buckets, remat, lora, temperature, cache_dtype, pad_id, tis_cap)
+    return SegmentFns(graphdef, cfg, *passes)

@@ -126,11 +126,22 @@ class EngineClient:
         return future
 
     def call(self, op: str, *, timeout_s: float | None = None, **fields: Any) -> Any:
+        return self._result(self.call_async(op, **fields), op, timeout_s)
+
+    def _result(self, future: concurrent.futures.Future, op: str, timeout_s: float | None) -> Any:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
-            return self.call_async(op, **fields).result(timeout=timeout)
+            return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             raise EngineError(f"{op} on {self.address} got no reply within {timeout}s") from None
+
+    def load_weights_async(
+        self, path: str, version: int, *, probe: dict | None = None
+    ) -> concurrent.futures.Future:
+        """Sends the load of snapshot `path` (see `load_weights`); the future gets the reply,
+        whose version `acknowledged_version` checks (EngineManager loads all engines at once)."""
+        extra = {} if probe is None else {"probe": probe}
+        return self.call_async(protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), **extra)
 
     def load_weights(
         self,
@@ -146,13 +157,10 @@ class EngineClient:
         With a `probe` (load_probe.make_probe) the engine acknowledges only once its log-probs
         of the probe match; otherwise this raises EngineError with the measured gap.
         """
-        extra = {} if probe is None else {"probe": probe}
-        ack = self.call(
-            protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), timeout_s=timeout_s, **extra
+        future = self.load_weights_async(path, version, probe=probe)
+        return acknowledged_version(
+            self._result(future, protocol.OP_LOAD_WEIGHTS, timeout_s), version, "engine"
         )
-        if ack["version"] != int(version):
-            raise EngineError(f"engine acknowledged version {ack['version']}, sent {version}")
-        return ack["version"]
 
     def score(
         self, token_lists: Sequence[Sequence[int]], *, timeout_s: float | None = None
@@ -289,3 +297,10 @@ class EngineClient:
         for future in calls:
             if not future.done():
                 future.set_exception(EngineError(reason))
+
+
+def acknowledged_version(reply: dict, version: int, engine: str) -> int:
+    """The version a load reply acknowledged; EngineError naming `engine` if not `version`."""
+    if int(reply["version"]) != int(version):
+        raise EngineError(f"{engine} acknowledged version {reply['version']}, sent {version}")
+    return int(version)

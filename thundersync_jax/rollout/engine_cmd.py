@@ -3,12 +3,17 @@
     spec = engine_cmd.rollout_engines(config, model_cfg, workdir)
     manager = EngineManager(spec.server_args, spec.num_engines, engine_envs=spec.envs,
                             python=spec.python, load_probe=spec.load_probe)
+    teacher_spec = engine_cmd.teacher_engines(config, teacher_cfg)        # OPD's teacher
 
 Placement (`config.node`, GPU configs): the node's GPUs are handed out in order — rollout engines
 first (engine i gets GPUs [i·rollout_tp, (i+1)·rollout_tp)), then teacher engines, then the
 learner — so engines and the learner never share a GPU. Each engine process sees only its GPUs
 (CUDA_VISIBLE_DEVICES), runs vLLM with tensor parallelism over all of them and takes
-`node.rollout_memory_fraction` of each. Without a `node` section (CPU configs) engines get no GPU.
+`node.rollout_memory_fraction` of each. Teacher engines are embedded JAX engines (they only
+score): each sees its GPUs and XLA takes `node.teacher_memory_fraction` (default: the rollout
+fraction) of them. Without a `node` section (CPU configs) engines get no GPU.
+`check_engine_config(config)` refuses a placement or engine setting that could not run; the
+trainer calls it at start-up, before anything is built.
 
 vLLM pins its own torch and transformers, so it usually lives in a second environment; the
 engine interpreter is `rollout.engine_python`, else $THUNDERSYNC_VLLM_PYTHON, else the
@@ -41,18 +46,26 @@ class Placement:
     Attributes:
       gpus: the node's GPU indices it owns (empty: no GPU, a CPU engine).
       tp_size: tensor-parallel size (= len(gpus) on a GPU, 1 on CPU).
-      memory_fraction: of each of its GPUs that vLLM may take (weights + KV cache).
+      memory_fraction: of each of its GPUs that vLLM (or XLA, for a JAX engine) may take.
+      jax_on_gpu: the engine is a JAX one (embedded) that runs on its GPUs; a vLLM engine's JAX
+        only converts snapshots, on the CPU.
     """
 
     gpus: tuple[int, ...]
     tp_size: int
     memory_fraction: float
+    jax_on_gpu: bool = False
 
     def env(self) -> dict[str, str]:
-        """Environment of the engine process: its GPUs only; JAX (weight conversion) on CPU."""
-        env = {"JAX_PLATFORMS": "cpu"}
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        """Environment of the engine process: its GPUs only (JAX on them, or on the CPU)."""
+        if not self.gpus:
+            return {"JAX_PLATFORMS": "cpu"}
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus)}
+        if self.jax_on_gpu:
+            env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{self.memory_fraction:.2f}"
+        else:
+            env["JAX_PLATFORMS"] = "cpu"
         return env
 
 
@@ -88,40 +101,55 @@ def placements(config: Any, role: str = "rollout") -> list[Placement]:
     num = int(config.rollout.num_engines) if role == "rollout" else int(config.teacher.num_engines)
     if num < 1:
         raise ValueError(f"{role}: num_engines must be >= 1, got {num}")
-    node = config.get("node")
-    if node is None or int(node.get("num_gpus", 0)) == 0:
+    owned = node_gpus(config)
+    if owned is None:
         return [Placement((), 1, 0.9)] * num
-    total, rollout, teacher = int(node.num_gpus), int(node.rollout_gpus), int(node.teacher_gpus)
-    learner = int(node.learner_gpus)
-    if rollout + teacher + learner > total:
-        raise ValueError(
-            f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
-            f"> num_gpus {total}"
-        )
-    first, gpus, tp = (
-        (0, rollout, int(node.rollout_tp))
-        if role == "rollout"
-        else (rollout, teacher, int(node.teacher_tp))
-    )
+    node = config.node
+    first, gpus = owned[role].start, len(owned[role])
+    tp = int(node.rollout_tp) if role == "rollout" else int(node.get("teacher_tp", 1))
     if tp < 1 or num * tp != gpus:
         raise ValueError(
             f"node: {num} {role} engine(s) x tensor parallel {tp} must use exactly the "
             f"{gpus} {role} GPUs (set {role}.num_engines x node.{role}_tp = node.{role}_gpus)"
         )
     fraction = _check_fraction("node.rollout_memory_fraction", node.rollout_memory_fraction)
+    jax_on_gpu = role == "teacher" or config.rollout.engine == "embedded"
+    if role == "teacher":
+        fraction = _check_fraction(
+            "node.teacher_memory_fraction", node.get("teacher_memory_fraction", fraction)
+        )
+    if jax_on_gpu and tp != 1:
+        raise ValueError(
+            f"node.{role}_tp={tp}: the embedded (JAX) {role} engine runs on one GPU; set "
+            f"node.{role}_tp=1 and {role}.num_engines = node.{role}_gpus ({gpus})"
+        )
     return [
-        Placement(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction)
+        Placement(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction, jax_on_gpu)
         for i in range(num)
     ]
 
 
-def learner_gpus(config: Any) -> tuple[int, ...]:
-    """The node's GPUs left to the learner (after rollout and teacher engines); () on CPU."""
+def node_gpus(config: Any) -> dict[str, range] | None:
+    """The node's GPUs of each role, in the one order: rollout, then teacher, then learner.
+
+    None without a GPU `node` (CPU configs). The learner's share is also what
+    `learner.placement` makes visible to the learner process.
+    """
     node = config.get("node")
     if node is None or int(node.get("num_gpus", 0)) == 0:
-        return ()
-    first = int(node.rollout_gpus) + int(node.teacher_gpus)
-    return tuple(range(first, first + int(node.learner_gpus)))
+        return None
+    total, rollout = int(node.num_gpus), int(node.rollout_gpus)
+    teacher, learner = int(node.get("teacher_gpus", 0)), int(node.learner_gpus)
+    if min(rollout, teacher, learner) < 0 or rollout + teacher + learner > total:
+        raise ValueError(
+            f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
+            f"> num_gpus {total} (or one is negative)"
+        )
+    return {
+        "rollout": range(0, rollout),
+        "teacher": range(rollout, rollout + teacher),
+        "learner": range(rollout + teacher, rollout + teacher + learner),
+    }
 
 
 def engine_python(config: Any) -> str:
@@ -177,6 +205,8 @@ def check_engine_config(config: Any) -> None:
             f"(got {config.lora.publish!r})"
         )
     placements(config, "rollout")
+    if config.rl.algorithm == "opd" and config.get("teacher") is not None:
+        placements(config, "teacher")
 
 
 def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
@@ -211,3 +241,30 @@ def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
     # vLLM starts in ~0.5-2 min on CPU (shared machine), minutes for a large model on GPUs.
     start_timeout_s = 900.0 if ro.engine == "vllm" else 180.0
     return EngineSpec(args, places, engine_python(config), probe, start_timeout_s)
+
+
+def teacher_engines(config: Any, model_cfg: Any = None) -> EngineSpec:
+    """The teacher engines' command line and placements (embedded engines that only score).
+
+    Args:
+      config: the run config (`teacher`, `rollout.max_traj_tokens`, `node`).
+      model_cfg: the embedded teacher's `Qwen3Config` (its weights arrive as a published
+        snapshot); None serves `teacher.checkpoint`, which the process loads itself.
+    """
+    t = config.teacher
+    places = placements(config, "teacher")
+    if model_cfg is None and not t.checkpoint:
+        raise ValueError("teacher_engines: give the teacher's model config or teacher.checkpoint")
+    dtype = str(t.model.dtype)
+    args = rollout_server.server_args(
+        None if model_cfg is None else model_cfg.to_hf(),
+        checkpoint=str(t.checkpoint) if model_cfg is None else "",
+        engine="embedded",
+        max_batch=int(t.max_batch),
+        max_seq_len=int(config.rollout.max_traj_tokens),
+        dtype=dtype,
+        param_dtype=dtype,
+        tp_size=places[0].tp_size,
+        memory_fraction=places[0].memory_fraction,
+    )
+    return EngineSpec(args, places, sys.executable, None)

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from thundersync_jax.rollout import protocol
-from thundersync_jax.rollout.client import EngineClient, ResultCallback
+from thundersync_jax.rollout.client import EngineClient, ResultCallback, acknowledged_version
 from thundersync_jax.rollout.protocol import EngineError, GenerateRequest, GenerateResult
 
 
@@ -217,23 +217,16 @@ class EngineManager:
 
         With a `probe` every engine verifies its load against it before acknowledging.
         """
-        extra = {} if probe is None else {"probe": probe}
         with self._lock:
             engines = list(self._engines)
-        futures = [
-            eng.client.call_async(
-                protocol.OP_LOAD_WEIGHTS, path=path, version=int(version), **extra
-            )
-            for eng in engines
-        ]
+        futures = [eng.client.load_weights_async(path, version, probe=probe) for eng in engines]
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         for eng, fut in zip(engines, futures, strict=True):
             try:
-                ack = fut.result(timeout=timeout)["version"]
+                reply = fut.result(timeout=timeout)
             except Exception as e:
                 raise EngineError(f"engine {eng.index} did not load {path}: {e}") from e
-            if ack != int(version):
-                raise EngineError(f"engine {eng.index} acknowledged {ack}, expected {version}")
+            acknowledged_version(reply, version, f"engine {eng.index}")
         with self._lock:
             self._snapshot = (path, int(version), probe)
         return int(version)

@@ -10,6 +10,7 @@ by configuration, so they are refused here with the offending key named.
 from __future__ import annotations
 
 from thundersync_jax.envs import task_families
+from thundersync_jax.rollout import logprob_gap
 from thundersync_jax.schedule import schedules
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "batch")
@@ -68,6 +69,12 @@ def check_config(c) -> None:
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
     _choice("accum.placement", placement(c), PLACEMENTS)
+    try:
+        # Every path that scores sampled tokens applies it: the score-gradient chunk, OPD's
+        # per-turn segments and GRPO's shared-prompt members (their direct passes).
+        logprob_gap.check_tis_cap(c.rl.get("tis_cap", 0.0))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(c.rl.get("deterministic", False), bool):
         raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
     # One optimizer step per batch is what makes streaming exact.

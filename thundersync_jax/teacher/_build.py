@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3
+from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.teacher._service import TeacherService
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,8 @@ def start_teacher(
     if t.checkpoint:
         teacher_cfg = _checkpoint_config(t.checkpoint)
         _check_vocab(teacher_cfg, student_cfg, f"teacher.checkpoint={t.checkpoint!r}")
-        return TeacherService.from_checkpoint(t.checkpoint, **serve)
+        spec = engine_cmd.teacher_engines(config)  # the process loads the checkpoint
+        return TeacherService.from_checkpoint(t.checkpoint, spec=spec, **serve)
     teacher_cfg = qwen3.Qwen3Config.from_config_dict(t.model)
     _check_vocab(teacher_cfg, student_cfg, "teacher.model")
     result = train_embedded_teacher(config, examples(), cache_dir)
@@ -91,7 +93,8 @@ def start_teacher(
         result.cache_hit,
         result.losses[-1] if result.losses else float("nan"),
     )
-    return TeacherService.from_model(result.model, snapshot_root, **serve)
+    spec = engine_cmd.teacher_engines(config, teacher_cfg)
+    return TeacherService.from_model(result.model, snapshot_root, spec=spec, **serve)
 
 
 def _check_vocab(teacher_cfg, student_cfg, what: str) -> None:
