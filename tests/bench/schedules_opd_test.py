@@ -60,3 +60,11 @@ def test_opd_benchmark_writes_predictions(tmp_path, setup):
     assert seed["max_grad_rel_diff"] < 1e-4  # every schedule's update is the same
     assert result["schedules"]["sync"]["step_time_s"] >= seed["rollout_span_s"]
     assert "granularity" not in bench.format_table(result).splitlines()[0]
+
+
+def test_deterministic_is_refused_for_the_opd_bench():
+    """`deterministic` measures GRPO's exact tallies; the OPD bench learner has none."""
+    config = bench_cpu.get_config("opd_tiny")
+    config.deterministic = True
+    with pytest.raises(ValueError, match="deterministic=True needs algorithm='grpo'"):
+        bench.learner_from_config(config)

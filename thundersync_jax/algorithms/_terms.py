@@ -1,8 +1,9 @@
 """Shared by every algorithm: the score-gradient function and the regularizer terms of a config.
 
-The score-gradient chunk is built with `rl.tis_cap` (0 = off): the truncated importance weight
-min(π_learner / π_engine, cap) on each sampled token of the policy-gradient term (DESIGN §2),
-from the engine log-probs every trajectory carries. The regularizer terms are not weighted.
+The score-gradient chunk and the segment passes are built with `rl.tis_cap` (0 = off): the
+truncated importance weight min(π_learner / π_engine, cap) on each sampled token of the
+policy-gradient term (DESIGN §2), from the engine log-probs every trajectory carries. The
+regularizer terms are not weighted.
 
 `rl.kl_coef` (KL to the frozen warm start) and `rl.entropy_coef` (entropy bonus) work the same
 way for GRPO and OPD: the accumulator is combined with the enabled terms
