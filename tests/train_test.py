@@ -90,10 +90,14 @@ def _assert_schedules_agree(wd, same_keys):
 def _assert_exact_engine_logprobs(wd):
     """The embedded engine runs the learner's model: its log-probs of its own samples match
     the learner's score-gradient forward (measured 4.0e-7 mean, 4.1e-6 max nats, BENCHMARKS
-    issue 18 session 6), every step of every schedule."""
+    issue 18 session 6), every step of every schedule that trains on its own policy's samples.
+    A lagged step (async, policy lag 1) was sampled at the previous θ: its gap is real."""
     for s, workdir in wd.items():
         for m in _metrics(workdir) if s != "init" else ():
-            assert 0 <= m["engine_logprob_gap_abs"] < 1e-5, (s, m["engine_logprob_gap_abs"])
+            assert m["engine_logprob_gap_abs"] >= 0 and m["engine_logprob_gap_kl"] >= 0
+            if m["max_policy_lag"]:
+                continue
+            assert m["engine_logprob_gap_abs"] < 1e-5, (s, m["engine_logprob_gap_abs"])
             assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
 
 
@@ -217,6 +221,9 @@ def test_opd_schedules_reach_the_same_parameters(opd_runs):
     # sync: same parameters within 1e-3 of the update, identical tokens and reverse_kl.
     _assert_schedules_agree(opd_runs, ("tokens", "reverse_kl", "turns", "reward_mean"))
     _assert_exact_engine_logprobs(opd_runs)
+    # async step 1 trains θ_1 on turns sampled at θ_0 (measured gap 0.0217 nats/token): the
+    # gap metric sees the staleness that the exact steps do not have.
+    assert _metrics(opd_runs["async"])[1]["engine_logprob_gap_abs"] > 1e-4
     assert all(np.isfinite(m["reverse_kl"]) for m in _metrics(opd_runs["async"]))
     sync = _metrics(opd_runs["sync"])
     # `trajectory` granularity: the same update
