@@ -23,6 +23,7 @@ from thundersync_jax.algorithms.opd import TurnPayload
 from thundersync_jax.learner import chunks, segments
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.staleness import StalePolicyError
+from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
@@ -273,6 +274,16 @@ def test_opd_config_checks_name_the_bad_value():
     c.env.family = "no_such_family"
     with pytest.raises(ConfigError, match="mini_swe, swe_jsonl, terminal"):
         train.check(c)
+    c = terminal_opd_cpu.get_config("smoke")
+    c.rl.opd_granularity = "segment"
+    with pytest.raises(ConfigError, match="rl.opd_granularity='segment'; valid: turn, trajec"):
+        train.check(c)
+    c.rl.opd_granularity = "auto"
+    train.check(c)
+    # auto: one gradient per trajectory when nothing can overlap the rollouts, else per turn
+    assert opd.resolve_granularity("auto", schedules.get("sync")) == "trajectory"
+    assert opd.resolve_granularity("auto", schedules.get("stream")) == "turn"
+    assert opd.resolve_granularity("trajectory", schedules.get("stream")) == "trajectory"
     for schedule in ("sync", "group", "stream", "async"):  # OPD runs every schedule
         c = terminal_opd_cpu.get_config("smoke")
         c.schedule = schedule

@@ -127,3 +127,34 @@ def test_excluding_a_group_that_already_has_members_is_an_error():
     p.push(_item(0, 0, 1.0, t=0))
     with pytest.raises(ValueError, match="group 0: 1 members already arrived"):
         p.exclude_groups([0])
+
+
+def _turn(group, member, turn, t):
+    return WorkItem(
+        f"g{group}m{member}t{turn}", group, 0.0, 5, t, closes_member=False, member=member
+    )
+
+
+def _end(group, member, t):
+    return WorkItem(f"g{group}m{member}end", group, 0.0, 0, t, member=member)
+
+
+def test_open_member_cap_holds_new_members_back_until_one_closes():
+    """max_open_members=1: member 1's turns wait until member 0's work is all handed out (its
+    end and every turn); a dropped member frees its slot too."""
+    p = Planner("stream", num_groups=1, group_size=3, max_chunk_tokens=5, max_open_members=1)
+    p.push(_turn(0, 0, 0, 0.1))
+    p.push(_turn(0, 1, 0, 0.2))
+    assert [it.item_id for it in p.next_chunk()] == ["g0m0t0"]
+    assert p.next_chunk() == []  # member 1 would be a second open trajectory
+    p.push(_turn(0, 0, 1, 0.3))
+    p.push(_end(0, 0, 0.4))
+    assert [it.item_id for it in p.next_chunk()] == ["g0m0t1", "g0m0end"]
+    assert [it.item_id for it in p.next_chunk()] == ["g0m1t0"]  # member 0 closed
+    p.push(_turn(0, 2, 0, 0.5))
+    assert p.next_chunk() == []
+    p.drop_member(0, member=1)  # member 1 failed: its slot is free
+    assert [it.item_id for it in p.next_chunk()] == ["g0m2t0"]
+    assert p.open_members_peak == 1
+    with pytest.raises(ValueError, match="max_open_members=0"):
+        Planner("stream", 1, 1, 5, max_open_members=0)

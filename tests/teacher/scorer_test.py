@@ -134,8 +134,17 @@ def test_episode_turns_score_incrementally_and_release_their_caches(teacher):
         for name in episodes:
             scorer.release(name)
     assert served.episodes.teacher().open_episodes == 0
+    # Past max_episodes caches, a new episode's turns are scored from their whole prefix.
+    tight = _ServedEngine(engine)
+    tight.episodes.max_episodes = 1
+    with TeacherScorer(tight, num_workers=1) as scorer:
+        for name, (tokens, spans) in episodes.items():
+            for j, (s, e) in enumerate(spans):
+                results[(name, j, "tight")] = scorer.score_turn(tokens[:e], s, e, name).result()
+        assert tight.episodes.teacher().open_episodes == 1
     full = _reference(model, [tokens for tokens, _ in episodes.values()])
-    for (name, j), got in results.items():
+    for key, got in results.items():
+        name, j = key[:2]
         s, e = episodes[name][1][j]
         want = full[list(episodes).index(name)][s - 1 : e - 1]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

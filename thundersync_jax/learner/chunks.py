@@ -4,9 +4,9 @@
 rollout temperature below 1 therefore stays on-policy as long as the learner is built with the
 same `temperature` (the trainer passes `config.rollout.temperature`).
 
-One call covers one trajectory, several trajectories of the same (group, reward) slot packed as
-rows, or one turn of a multi-turn trajectory (forward over the whole prefix, `loss_mask` set on
-that turn's tokens only: the OPD per-turn mode; the per-turn gradients sum to the trajectory's).
+One call covers one trajectory, or several trajectories of the same (group, reward) slot packed
+as rows (OPD's `trajectory` granularity: every scored turn masked in). Per-turn OPD runs on the
+learner's own KV cache instead (`segments.py`: no prefix re-run per turn).
 
 Shapes are padded to buckets (see `buckets.py`) so the number of compilations is bounded;
 `fn.compiles` counts them per function (the loop reports each step's new compilations).

@@ -78,6 +78,11 @@ class IncrementalTeacher:
     def open_episodes(self) -> int:
         return len(self._episodes)
 
+    def has_room(self, episode: Hashable) -> bool:
+        """Whether scoring `episode` now keeps within `max_episodes` caches."""
+        with self._lock:
+            return episode in self._episodes or len(self._episodes) < self.max_episodes
+
     def score(
         self, episode: Hashable, prefix_tokens: Sequence[int], turn_start: int, turn_end: int
     ) -> np.ndarray:
@@ -140,7 +145,9 @@ class EpisodeScoring:
 
     Args:
       backend: the server's engine; needs `model()` (the loaded Qwen3) and `limits`.
-      max_episodes: most episode caches open at once in this process.
+      max_episodes: most episode caches open at once in this process; a turn of a new
+        episode past that is scored from its whole prefix instead (no cache), so the teacher's
+        memory stays bounded and no turn fails.
     """
 
     def __init__(self, backend: Any, max_episodes: int = 256):
@@ -171,10 +178,12 @@ class EpisodeScoring:
             teacher = self.teacher()
             out = []
             for turn in message["turns"]:
-                lp = teacher.score(
-                    str(turn["episode"]), turn["tokens"], int(turn["start"]), int(turn["end"])
-                )
-                out.append(lp)
+                episode, start, end = str(turn["episode"]), int(turn["start"]), int(turn["end"])
+                if teacher.has_room(episode):
+                    out.append(teacher.score(episode, turn["tokens"], start, end))
+                else:  # every cache slot is taken: score this turn from scratch (exact too)
+                    (lp,) = self.backend.score([np.asarray(turn["tokens"][:end], np.int32)])
+                    out.append(np.asarray(lp, np.float32)[start - 1 : end - 1])
             return {"logprobs": out}
         if op == "release_episodes":
             if self._teacher is not None:
