@@ -171,10 +171,12 @@ def test_grpo_on_terminal_tasks(tmp_path):
     c = _grpo_config("stream", 1, tmp_path)
     c.env.family = "terminal"
     c.sft.steps = 4  # plumbing: the terminal family's tasks, demonstrations and verifier
+    c.rl.shared_prompt = True  # and each group's prompt forwarded / backpropagated once
     wd = str(tmp_path / "run")
     train.run(c, wd)
     (m,) = _metrics(wd)
     assert m["tokens"] > 0 and m["rollout_failures"] == 0
+    assert np.isfinite(m["grad_norm"])
     assert os.path.exists(os.path.join(wd, "final", "model.safetensors"))
 
 

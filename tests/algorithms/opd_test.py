@@ -18,14 +18,14 @@ from flax import nnx
 from configs import terminal_opd_cpu
 from thundersync_jax import accumulators, losses, train
 from thundersync_jax.algorithms import opd
-from thundersync_jax.algorithms.base import MemberEnd
+from thundersync_jax.algorithms.base import MemberEnd, MemberLost
 from thundersync_jax.algorithms.opd import TurnPayload
 from thundersync_jax.learner import chunks, segments
-from thundersync_jax.models import qwen3
+from thundersync_jax.models import lora, qwen3
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
-from thundersync_jax.schedule.learner_loop import run_learner_batch
+from thundersync_jax.schedule.learner_loop import MemberFailed, run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 
 K, G = 2, 2
@@ -291,3 +291,55 @@ def test_opd_config_checks_name_the_bad_value():
         c.lora.publish = "merged"
         c.rl.kl_coef = 0.1
         train.check(c)
+
+
+def test_lora_turn_segments_equal_the_one_shot_trajectory_gradient(setup):
+    """LoRA adapters over the frozen base (passed through the batch policy): per-turn
+    segments give the adapters' gradient of the one-shot full-trajectory chunk."""
+    graphdef, params, trajs = setup
+    targets = ("q_proj", "v_proj", "up_proj")
+    adapters = lora.init(params, 2, 4.0, targets, key=jax.random.key(1))
+    # B = 0 at init would leave A without gradient: perturb every leaf
+    adapters = jax.tree.map(lambda x: x + 0.05 * jnp.ones_like(x), adapters)
+    grads = {}
+    for granularity in ("turn", "trajectory"):
+        score_fn = chunks.make_score_grad_fn(graphdef, seq_buckets=(WIDTH,), lora=True)
+        seg_fns = segments.make_segment_fns(
+            graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,), lora=True
+        )
+        learner = opd.batch_learner(
+            accumulators.opd(), score_fn, 0, segment_fns=seg_fns, granularity=granularity
+        )
+        q: queue.Queue = queue.Queue()
+        for it in _arrivals(trajs, 9):
+            q.put(it)
+        batch = learner.init(adapters, 0, params)
+        batch, _ = run_learner_batch(Planner("stream", K, G, 9), q, batch, learner.process)
+        grads[granularity] = learner.finalize(learner.close_groups(batch, set()))
+    assert _rel_err(grads["turn"], grads["trajectory"]) <= 1e-5
+    assert all(float(jnp.sum(g**2)) > 0 for g in jax.tree.leaves(grads["trajectory"]))
+
+
+def test_a_lost_member_closes_its_trajectory_once_its_emitted_turns_are_in(
+    setup, learner, reference
+):
+    """A member whose episode fails after its turns were scored: `MemberLost` (queued before
+    the `MemberFailed`) closes and sweeps its trajectory; its turns still count."""
+    _, params, trajs = setup
+    ref, n_total = reference
+    lost_key = (1, 1)
+    q: queue.Queue = queue.Queue()
+    for it in _arrivals(trajs, 10):
+        if isinstance(it.payload, MemberEnd) and (it.group, it.member) == lost_key:
+            turns = len(trajs[lost_key][1])
+            q.put(WorkItem("g1m1lost", 1, 0.0, 0, it.arrival_s, MemberLost(turns), False, 1))
+            q.put(MemberFailed(group=1, reason="episode: boom", member=1))
+        else:
+            q.put(it)
+    batch = learner.init(params, 0)
+    planner = Planner("stream", K, G, 9)
+    batch, stats = run_learner_batch(planner, q, batch, learner.process, timeout_s=5)
+    assert not batch.open and stats.failures == ["episode: boom"]
+    grads = learner.finalize(learner.close_groups(batch, stats.failed_groups))
+    assert learner.metrics(batch)["tokens"] == n_total
+    assert _rel_err(grads, ref) <= 1e-5

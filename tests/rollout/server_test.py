@@ -166,6 +166,22 @@ def test_score_equals_the_sampled_logprobs_at_temperature_one(server, tiny):
     assert scored[1].shape == (1,)
 
 
+def test_score_turns_from_the_servers_episode_cache_equal_full_prefix_scores(server, tiny):
+    """The teacher's incremental path through the real server process: an episode's turns in
+    order (only new tokens forwarded there), then release; the same numbers as `score`."""
+    _, client = server
+    tokens = np.asarray([5, 3, 8, 1, 9, 2, 7, 4, 6, 3, 2], np.int32)
+    spans = [(1, 4), (6, 8), (9, 11)]
+    turns = [dict(episode="ep", tokens=tokens[:e], start=s, end=e) for s, e in spans]
+    got = client.score_turns(turns[:1]) + client.score_turns(turns[1:])
+    (full,) = client.score([tokens])
+    for (s, e), lp in zip(spans, got, strict=True):
+        np.testing.assert_allclose(lp, full[s - 1 : e - 1], atol=1e-5)
+    assert client.release_episodes(["ep"]) == 0
+    with pytest.raises(Exception, match="turns must be scored in order"):
+        client.score_turns(turns[:1] + turns[:1])
+
+
 def test_timed_out_request_is_cancelled_and_frees_its_row(server, tiny):
     _, client = server
     (res,) = client.generate([_request("slow", [1, 2], max_new_tokens=50)], timeout_s=0.0)
