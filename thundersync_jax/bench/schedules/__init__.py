@@ -4,6 +4,10 @@
     result = bench.run_benchmark(config, workdir)      # configs/bench_cpu.py; writes bench.json
     points = bench.run_sweep(config, workdir)          # the `sweep` variant's grid
 
+With `algorithm="opd"` (configs/bench_cpu.py:opd) the trace is multi-turn (`sim.opd_trace`)
+and the learner is the loop's OPD batch learner, per turn (segments) or per trajectory;
+`sim.simulate_opd` predicts it (`_opd_run.py`).
+
 Rollouts are replayed from a trace by a sleeping thread (standing in for rollout
 hardware separate from the learner); the learner work is real: score-gradient
 chunks of a tiny Qwen3 policy, the streaming GRPO accumulator, the training run's
