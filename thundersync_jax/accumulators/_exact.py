@@ -162,7 +162,7 @@ def add(tally: ExactSum, values, ok, index=(), fresh=False) -> tuple[ExactSum, j
     """
     index = tuple(jnp.asarray(i, jnp.int32) for i in index)
     fresh = jnp.asarray(fresh) & ok
-    adds_before = jnp.where(fresh, 0, tally.adds[index])
+    adds_before = jnp.where(fresh, 0, _read_counter(tally.adds, index))
     overflow = ok & (adds_before >= MAX_ADDS)
     ok = ok & ~overflow
 
@@ -171,8 +171,22 @@ def add(tally: ExactSum, values, ok, index=(), fresh=False) -> tuple[ExactSum, j
         return _set(cells, index, add_leaf(old, x, ok))
 
     limbs = jax.tree.map(one, tally.limbs, values)
-    adds = tally.adds.at[index].set(adds_before + jnp.where(ok, 1, 0))
+    adds = _set(tally.adds, index, adds_before + jnp.where(ok, 1, 0))
     return ExactSum(limbs, adds), overflow
+
+
+def _read_counter(adds, index):
+    """adds[index] as a one-hot sum: a reduction, which XLA computes once.
+
+    The skip-on-overflow guard makes every element of the add depend on this count.
+    Read as a slice, XLA fused the slice and the comparison into each leaf's elementwise
+    loop, recomputing them per element: the bucket add ran ~4x slower on CPU (6 ms vs
+    1.1-1.9 ms for 98K params; BENCHMARKS "Issue 16 (session 6)").
+    """
+    hit = jnp.ones(adds.shape, bool)
+    for axis, i in enumerate(index):
+        hit &= jax.lax.broadcasted_iota(jnp.int32, adds.shape, axis) == i
+    return jnp.sum(jnp.where(hit, adds, 0))
 
 
 def _carry(limbs: list) -> list:
