@@ -25,7 +25,8 @@ from safetensors.numpy import load_file
 
 from thundersync_jax.metrics import read_metrics
 
-pytestmark = pytest.mark.slow
+# The module fixture runs three trainings; on a loaded 2-core machine that passed 900 s.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 2

@@ -133,15 +133,6 @@ def _prepare_workdir(config, workdir: str, info: distributed.ProcessInfo) -> str
     return workdir
 
 
-def _check_data_parallel(config, info: distributed.ProcessInfo) -> None:
-    if info.count > 1 and config.rl.algorithm == "grpo" and config.rl.advantage == "batch":
-        raise ConfigError(
-            f"rl.advantage='batch' normalises over every reward of the batch, which {info.count} "
-            "learner processes split: use a per-group estimator (grpo, drgrpo, rloo) or one "
-            "process"
-        )
-
-
 def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
     """Runs (or resumes) training; returns the last step's metrics ({} if nothing to train).
 
@@ -160,7 +151,6 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
 
 def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     """`run` once this process has joined the others (or runs alone)."""
-    _check_data_parallel(config, info)
     workdir = _prepare_workdir(config, workdir, info)
     dp = DataParallel.from_config(config, info)
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep), global_mesh=dp.global_mesh)
