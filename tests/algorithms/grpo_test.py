@@ -285,7 +285,9 @@ def test_truncated_importance_weight_streams_exactly_and_reports_the_gap(setup, 
     d = np.concatenate(deltas)
     keys = sorted(engine_trajs)
     for schedule, order in (("sync", keys), ("stream", keys[::-1])):
-        got, metrics = _run(schedule, params, tis, engine_trajs, order, "seq-mean-token-mean")
+        # One trajectory per call: the reference's two programs, no new compiles (packed rows
+        # with the weight are checked against the reference in tests/learner/logprobs_test.py).
+        got, metrics = _run(schedule, params, tis, engine_trajs, order, "seq-mean-token-mean", 1)
         assert accumulators.reference.relative_error(got, want) < 1e-5, schedule
         assert metrics["engine_logprob_gap_abs"] == pytest.approx(np.abs(d).mean(), rel=1e-4)
         kl = (np.expm1(-d) + d).mean()
