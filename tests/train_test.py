@@ -192,6 +192,8 @@ def test_grpo_on_terminal_tasks(tmp_path):
     (m,) = _metrics(wd)
     assert m["tokens"] > 0 and m["rollout_failures"] == 0
     assert np.isfinite(m["grad_norm"])
+    # The members' segment forwards give the gap too: the embedded engine's is ~0.
+    assert 0 <= m["engine_logprob_gap_abs"] < 1e-5 and m["engine_logprob_gap_kl"] < 1e-6
     assert os.path.exists(os.path.join(wd, "final", "model.safetensors"))
 
 
