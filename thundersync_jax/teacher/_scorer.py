@@ -184,38 +184,36 @@ class TeacherScorer:
                 log.warning("teacher: releasing %d episode caches failed: %s", len(releases), e)
 
     def _score_incremental(self, batch: list[_Request]) -> None:
-        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        turns = [dict(episode=r.episode, tokens=r.prefix, start=r.start, end=r.end) for r in live]
-        try:
-            scored = self.backend.score_turns(turns)
-            if len(scored) != len(live):
-                raise RuntimeError(f"teacher returned {len(scored)} results for {len(live)} turns")
-        except Exception as e:  # hand the failure to every waiting turn; keep serving
-            for r in live:
-                r.future.set_exception(e)
-            return
-        with self._lock:
-            self.calls += 1
-            self.turns += len(live)
-        for r, lp in zip(live, scored, strict=True):
-            lp = np.asarray(lp, np.float32).reshape(-1)
-            if len(lp) != r.end - r.start:
-                error = f"teacher returned {len(lp)} log-probs for a {r.end - r.start}-token turn"
-                r.future.set_exception(RuntimeError(error))
-            else:
-                r.future.set_result(lp)
+        def score(live):
+            return self.backend.score_turns(
+                [dict(episode=r.episode, tokens=r.prefix, start=r.start, end=r.end) for r in live]
+            )
+
+        # The engine returns the turn's own log-probs.
+        self._deliver(batch, score, lambda r: (r.end - r.start, f"{r.end - r.start}-token turn"),
+                      lambda r, lp: lp)  # fmt: skip
 
     def _score_requests(self, batch: list[_Request]) -> None:
+        # The engine scores the whole prefix: lp[t - 1] scores token t.
+        self._deliver(
+            batch,
+            lambda live: self.backend.score([r.prefix for r in live]),
+            lambda r: (len(r.prefix) - 1, f"{len(r.prefix)}-token prefix"),
+            lambda r, lp: lp[r.start - 1 : r.end - 1].copy(),
+        )
+
+    def _deliver(self, batch: list[_Request], score, expect, turn_logprobs) -> None:
+        """Scores the batch's live requests with `score(live)` and resolves each future with
+        `turn_logprobs(r, lp)`, or with an error when the engine fails or `lp` has not the
+        `expect(r)` length: a failure reaches every waiting turn, and the worker keeps serving."""
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         if not live:
             return
         try:
-            scored = self.backend.score([r.prefix for r in live])
+            scored = score(live)
             if len(scored) != len(live):
                 raise RuntimeError(f"teacher returned {len(scored)} results for {len(live)} turns")
-        except Exception as e:  # hand the failure to every waiting turn; keep serving
+        except Exception as e:
             for r in live:
                 r.future.set_exception(e)
             return
@@ -224,12 +222,9 @@ class TeacherScorer:
             self.turns += len(live)
         for r, lp in zip(live, scored, strict=True):
             lp = np.asarray(lp, np.float32).reshape(-1)
-            if len(lp) != len(r.prefix) - 1:
-                r.future.set_exception(
-                    RuntimeError(
-                        f"teacher returned {len(lp)} log-probs for a {len(r.prefix)}-token prefix"
-                    )
-                )
-                continue
-            # lp[t - 1] scores token t.
-            r.future.set_result(lp[r.start - 1 : r.end - 1].copy())
+            want, what = expect(r)
+            if len(lp) != want:
+                error = f"teacher returned {len(lp)} log-probs for a {what}"
+                r.future.set_exception(RuntimeError(error))
+            else:
+                r.future.set_result(turn_logprobs(r, lp))
