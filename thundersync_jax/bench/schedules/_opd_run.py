@@ -21,7 +21,7 @@ import statistics
 from thundersync_jax import sim
 from thundersync_jax.bench.schedules._learner import stall_free_mean
 from thundersync_jax.bench.schedules._opd_learner import BenchOpdLearner, payload_fn
-from thundersync_jax.bench.schedules._replay import rel_diff, replay_step
+from thundersync_jax.bench.schedules._replay import rel_diff, replay_step, schedule_summary
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +203,8 @@ def _seed_result(trace, schedules_, gran, cost, pooled, measured, paired, grad_d
         out["calibration_spread"] = (max(works) - min(works)) / statistics.median(works)
     for s in schedules_:
         rs, pred = measured[s], predicted[s]
-        out["schedules"][s] = {
-            "step_time_s": statistics.median(x.step_time_s for x in rs),
-            "predicted_step_time_s": pred.step_time_s,
-            "predicted_paired_step_time_s": statistics.median(p.step_time_s for p in paired[s]),
-            "predicted_at_start_step_time_s": at_start[s].step_time_s,
-            "predicted_affine_step_time_s": sim.simulate_opd(
-                trace, s, pooled.affine(), gran[s]
-            ).step_time_s,
-            "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
-            "predicted_learner_idle_frac": pred.learner_idle_frac,
-            "tail_s": statistics.median(x.tail_s for x in rs),
-            "predicted_tail_s": pred.tail_s,
-            "rounds_step_time_s": [x.step_time_s for x in rs],
-            "rounds_predicted_paired_step_time_s": [p.step_time_s for p in paired[s]],
-        }
+        out["schedules"][s] = schedule_summary(
+            rs, pred, paired[s], at_start[s],
+            sim.simulate_opd(trace, s, pooled.affine(), gran[s]).step_time_s,
+        )  # fmt: skip
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -164,3 +165,21 @@ def rel_diff(a, b) -> float:
     )
     den = sum(float(np.sum(np.asarray(y) ** 2)) for y in jax.tree.leaves(b))
     return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
+
+
+def schedule_summary(rs, pred, paired, at_start, affine_step_s: float) -> dict:
+    """One schedule's bench.json entry: medians of the measured rounds beside the predictions
+    (pooled, paired with each round, from the start calibration, affine prices)."""
+    return {
+        "step_time_s": statistics.median(x.step_time_s for x in rs),
+        "predicted_step_time_s": pred.step_time_s,
+        "predicted_paired_step_time_s": statistics.median(p.step_time_s for p in paired),
+        "predicted_at_start_step_time_s": at_start.step_time_s,
+        "predicted_affine_step_time_s": affine_step_s,
+        "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
+        "predicted_learner_idle_frac": pred.learner_idle_frac,
+        "tail_s": statistics.median(x.tail_s for x in rs),
+        "predicted_tail_s": pred.tail_s,
+        "rounds_step_time_s": [x.step_time_s for x in rs],
+        "rounds_predicted_paired_step_time_s": [p.step_time_s for p in paired],
+    }

@@ -42,6 +42,7 @@ from thundersync_jax.bench.schedules._replay import (
     calibration_pass,
     rel_diff,
     replay_step,
+    schedule_summary,
 )
 from thundersync_jax.schedule import schedules
 from thundersync_jax.sim._cost import CostModel
@@ -162,21 +163,10 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
     }
     for s in schedules:
         rs, pred = measured[s], predicted[s]
-        out["schedules"][s] = {
-            "step_time_s": statistics.median(x.step_time_s for x in rs),
-            "predicted_step_time_s": pred.step_time_s,
-            "predicted_paired_step_time_s": statistics.median(p.step_time_s for p in paired[s]),
-            "predicted_at_start_step_time_s": at_start[s].step_time_s,
-            "predicted_affine_step_time_s": sim.simulate(
-                trace, s, pooled.affine(), mct
-            ).step_time_s,
-            "learner_idle_frac": statistics.median(x.learner_idle_frac for x in rs),
-            "predicted_learner_idle_frac": pred.learner_idle_frac,
-            "tail_s": statistics.median(x.tail_s for x in rs),
-            "predicted_tail_s": pred.tail_s,
-            "rounds_step_time_s": [x.step_time_s for x in rs],
-            "rounds_predicted_paired_step_time_s": [p.step_time_s for p in paired[s]],
-        }
+        out["schedules"][s] = schedule_summary(
+            rs, pred, paired[s], at_start[s],
+            sim.simulate(trace, s, pooled.affine(), mct).step_time_s,
+        )  # fmt: skip
     return out
 
 
