@@ -253,6 +253,17 @@ def simulate_opd(
     return step_result(schedule, span, chunks, end, peak, cost.opt_s, 0.0)
 
 
+def best_granularity(
+    trace: Sequence[OpdTurn], schedule: str | Schedule, cost: SegmentCost
+) -> str:
+    """The granularity the predictor says gives `schedule` the shorter step on `trace`.
+
+    Arrival times matter (under stream a `turn` learner works while tools run, a
+    `trajectory` one waits for the close), so pick on the trace as it will be replayed.
+    """
+    return min(GRANULARITIES, key=lambda g: simulate_opd(trace, schedule, cost, g).step_time_s)
+
+
 def balance_opd(
     trace: Sequence[OpdTurn], cost: SegmentCost, ratio: float, granularity: str
 ) -> list[OpdTurn]:

@@ -3,7 +3,8 @@
 Per seed, one multi-turn trace is drawn (`sim.opd_trace`: heavy-tailed turn counts,
 lognormal turn durations). The learner's granularity per schedule is `opd.granularity`
 ("turn", "trajectory", or "auto": whichever the predictor, calibrated at start, says
-makes that schedule's step shorter: what the loop's `auto` does). Arrival times are scaled
+makes that schedule's step shorter on the balanced trace: `sim.best_granularity`, chosen
+again after the warm-up re-balance). Arrival times are scaled
 so that sync's calibrated learner work over the rollout span is `balance` (re-scaled after
 the warm-up rounds with their passes, as for GRPO). Every replay is preceded by one
 calibration pass at its granularity: the batch's own items, all arrived, in sync order,
@@ -109,14 +110,22 @@ def calibration_pass(learner: BenchOpdLearner, trace, granularity: str, seed: in
     return out
 
 
-def _granularities(config, learner, trace, cost, schedules_) -> dict[str, str]:
+def _balanced(config, trace, cost, schedules_) -> tuple[list, dict[str, str]]:
+    """The trace at `balance` and each schedule's granularity on that trace.
+
+    `auto` picks sync's granularity first (sync's step is span + all the work, whatever the
+    arrival scale), balances the trace with its work, then picks every schedule's on the
+    balanced trace: the choice depends on how learner work compares with the rollout span.
+    """
     choice = str(config.opd.granularity)
     if choice != "auto":
-        return {s: sim._opd.check_granularity(choice) for s in schedules_}
-    return {
-        s: min(sim.GRANULARITIES, key=lambda g: sim.simulate_opd(trace, s, cost, g).step_time_s)
-        for s in schedules_
-    }
+        fixed = sim._opd.check_granularity(choice)
+        gran = {s: fixed for s in schedules_}
+        return sim.balance_opd(trace, cost, float(config.balance), fixed), gran
+    trace = sim.balance_opd(
+        trace, cost, float(config.balance), sim.best_granularity(trace, "sync", cost)
+    )
+    return trace, {s: sim.best_granularity(trace, s, cost) for s in schedules_}
 
 
 def run_opd_seed(learner: BenchOpdLearner, config, seed: int) -> dict:
@@ -129,15 +138,14 @@ def run_opd_seed(learner: BenchOpdLearner, config, seed: int) -> dict:
         for _ in range(int(config.calibration_reps)):
             start.extend(calibration_pass(learner, trace, g, seed))
     cost = start.cost(learner)
-    gran = _granularities(config, learner, trace, cost, schedules_)
-    trace = sim.balance_opd(trace, cost, float(config.balance), gran["sync"])
+    trace, gran = _balanced(config, trace, cost, schedules_)
     warm, pool = OpdSamples(), OpdSamples()
     measured = {s: [] for s in schedules_}
     paired = {s: [] for s in schedules_}
     grad_diffs = []
     for r in range(int(config.warmup) + int(config.rounds)):
         if r == int(config.warmup) and r > 0:  # re-balance at the replays' speed
-            trace = sim.balance_opd(trace, warm.cost(learner), float(config.balance), gran["sync"])
+            trace, gran = _balanced(config, trace, warm.cost(learner), schedules_)
         items = _items(learner, trace, seed)
         order = schedules_[r % len(schedules_) :] + schedules_[: r % len(schedules_)]
         grads = {}
