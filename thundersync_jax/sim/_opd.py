@@ -253,9 +253,7 @@ def simulate_opd(
     return step_result(schedule, span, chunks, end, peak, cost.opt_s, 0.0)
 
 
-def best_granularity(
-    trace: Sequence[OpdTurn], schedule: str | Schedule, cost: SegmentCost
-) -> str:
+def best_granularity(trace: Sequence[OpdTurn], schedule: str | Schedule, cost: SegmentCost) -> str:
     """The granularity the predictor says gives `schedule` the shorter step on `trace`.
 
     Arrival times matter (under stream a `turn` learner works while tools run, a
