@@ -145,7 +145,7 @@ def run_opd_seed(learner: BenchOpdLearner, config, seed: int) -> dict:
     grad_diffs = []
     for r in range(int(config.warmup) + int(config.rounds)):
         if r == int(config.warmup) and r > 0:  # re-balance at the replays' speed
-            trace, gran = _balanced(config, trace, warm.cost(learner), schedules_)
+            trace, gran = _balanced(config, trace, _merged(start, warm).cost(learner), schedules_)
         items = _items(learner, trace, seed)
         order = schedules_[r % len(schedules_) :] + schedules_[: r % len(schedules_)]
         grads = {}
