@@ -65,6 +65,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # only add padding (rows to a power of two, lengths to the longest). Raise it to pack.
     c.max_chunk_tokens = 1
     c.calibration_reps = 7
+    # OPD: time the counted rounds' calibration passes with the turns arriving at their trace
+    # times (as a real sync step sees them), not all handed over at once (see _opd_run).
+    c.calibrate_on_arrivals = True
     c.deterministic = False  # rl.deterministic's exact tallies (issue 16's cost measurement)
     c.algorithm = "grpo"  # or "opd" (the `opd` variant): multi-turn traces, segment learner
     c.turns_sigma = 1.0  # OPD: spread of log turn counts (heavy tail)
