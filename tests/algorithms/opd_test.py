@@ -17,7 +17,7 @@ from flax import nnx
 
 from configs import terminal_opd_cpu
 from thundersync_jax import accumulators, losses, train
-from thundersync_jax.algorithms import opd
+from thundersync_jax.algorithms import _opd_auto, opd
 from thundersync_jax.algorithms.base import MemberEnd, MemberLost
 from thundersync_jax.algorithms.opd import TurnPayload
 from thundersync_jax.learner import chunks, segments
@@ -329,10 +329,10 @@ def test_opd_config_checks_name_the_bad_value():
         train.check(c)
     c.rl.opd_granularity = "auto"
     train.check(c)
-    # auto: one gradient per trajectory when nothing can overlap the rollouts, else per turn
-    assert opd.resolve_granularity("auto", schedules.get("sync")) == "trajectory"
-    assert opd.resolve_granularity("auto", schedules.get("stream")) == "turn"
-    assert opd.resolve_granularity("trajectory", schedules.get("stream")) == "trajectory"
+    # auto's first step (nothing timed): one gradient per trajectory when nothing can overlap
+    # the rollouts, else per turn (tests/algorithms/opd_auto_test.py: the later steps)
+    assert _opd_auto.choose(None, schedules.get("sync")).granularity == "trajectory"
+    assert _opd_auto.choose(None, schedules.get("stream")).granularity == "turn"
     for schedule in ("sync", "group", "stream", "async"):  # OPD runs every schedule
         c = terminal_opd_cpu.get_config("smoke")
         c.schedule = schedule
