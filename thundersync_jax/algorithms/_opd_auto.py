@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from thundersync_jax import sim
+from thundersync_jax.schedule import schedules
 
 MAX_SAMPLES_PER_SHAPE = 16  # newest kept per CallKey: recent steps' speed, bounded memory
 MAX_OVERHEAD_SAMPLES = 64
@@ -210,14 +211,14 @@ def observe(state: AutoState, trace, samples: Samples) -> AutoState:
     )
 
 
-def rule_granularity(schedule) -> str:
+def rule_granularity(schedule: str | schedules.Schedule) -> str:
     """The choice with nothing timed: `trajectory` where the learner waits for the whole
     batch (sync: nothing to overlap, and one one-shot gradient per trajectory is about half
     the work of direct passes plus a sweep), `turn` where it works while tools run."""
-    return "trajectory" if schedule is not None and schedule.ready_when == "batch" else "turn"
+    return "trajectory" if schedules.get(schedule).ready_when == "batch" else "turn"
 
 
-def choose(state: AutoState | None, schedule) -> Choice:
+def choose(state: AutoState | None, schedule: str | schedules.Schedule) -> Choice:
     """This step's granularity from what earlier steps taught (see module doc)."""
     first = rule_granularity(schedule)
     if state is None or not state.timed:

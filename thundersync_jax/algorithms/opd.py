@@ -130,6 +130,8 @@ def batch_learner(
         folders["turn"] = _trajs.TurnSegments(segment_fns, add)
     padding = None
     if granularity == "auto":
+        if schedule is None:
+            raise ValueError("opd_granularity='auto' needs the run's schedule (schedule=None)")
         padding = _auto.Buckets(
             segment_fns.seg_buckets, segment_fns.cache_buckets, tuple(score_fn.seq_buckets)
         )
