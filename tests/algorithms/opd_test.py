@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from configs import terminal_opd_cpu
-from thundersync_jax import accumulators, losses, train
+from thundersync_jax import accumulators, losses, sim, train
 from thundersync_jax.algorithms import _opd_auto, opd
 from thundersync_jax.algorithms.base import MemberEnd, MemberLost
 from thundersync_jax.algorithms.opd import TurnPayload
@@ -392,3 +392,50 @@ def test_a_lost_member_closes_its_trajectory_once_its_emitted_turns_are_in(
     grads = learner.finalize(learner.close_groups(batch, stats.failed_groups))
     assert learner.metrics(batch)["tokens"] == n_total
     assert _rel_err(grads, ref) <= 1e-5
+
+
+def test_auto_explores_then_picks_the_predicted_granularity_with_the_same_update(setup, reference):
+    """Three batches of `auto` under stream, each handed the previous one's carry: step 0
+    runs the rule (turn), step 1 the other, step 2 the predictor's argmin; every step gives
+    the synchronous update, and the carry's trace is the batch's turns as the learner saw
+    them (segment starts and lengths of the setup's trajectories)."""
+    graphdef, params, trajs = setup
+    ref, _ = reference
+    score_fn = chunks.make_score_grad_fn(graphdef, (WIDTH,), pad_id=0)
+    seg_fns = segments.make_segment_fns(
+        graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,)
+    )
+    learner = opd.batch_learner(
+        accumulators.opd(), score_fn, 0, segment_fns=seg_fns, granularity="auto",
+        schedule=schedules.get("stream"),
+    )  # fmt: skip
+    carry, chosen = None, []
+    for step in range(3):
+        q: queue.Queue = queue.Queue()
+        for it in _arrivals(trajs, seed=20 + step):
+            q.put(it)
+        batch = learner.init(params, 0, carry=carry)
+        planner = Planner("stream", K, G, 9)
+        batch, _ = run_learner_batch(planner, q, batch, learner.process, timeout_s=5)
+        batch = learner.close_groups(batch, set())
+        assert _rel_err(learner.finalize(batch), ref) <= 1e-5
+        m = learner.metrics(batch)
+        chosen.append("turn" if m["opd_granularity_turn"] == 1.0 else "trajectory")
+        carry = learner.carry(batch)
+        if step < 2:
+            assert "opd_predicted_step_s_turn" not in m
+    assert chosen[:2] == ["turn", "trajectory"]
+    predicted = {g: m[f"opd_predicted_step_s_{g}"] for g in ("turn", "trajectory")}
+    assert chosen[2] == min(predicted, key=predicted.get) and min(predicted.values()) > 0
+    assert carry.timed == {"turn", "trajectory"}
+    traced = sim.trajectories(carry.trace)
+    for tid, (_, spans, _) in enumerate(trajs.values()):  # traj ids: sorted (group, member)
+        turns = traced[tid]
+        assert [t.start + t.tokens for t in turns] == [e for _, e in spans]
+        assert [t.scored for t in turns] == [e - s for s, e in spans]
+    # every direct call of the turn step was timed under its padded shape
+    direct_keys = {k for k in carry.calls if k[0] == "direct"}
+    want = {
+        k for turns in traced.values() for k in sim.segment_calls(turns, (8, WIDTH), (WIDTH,))[0]
+    }
+    assert direct_keys == want
