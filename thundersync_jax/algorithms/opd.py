@@ -281,9 +281,10 @@ def batch_learner(
         kl = state.reverse_kl_sum / max(state.tally.tokens, 1)
         out.update(reverse_kl=round(kl, 6), turns=int(state.turns), **state.gap.metrics())
         out["opd_granularity_turn"] = 1.0 if state.granularity == "turn" else 0.0
-        if state.choice is not None and state.choice.predicted is not None:
-            for g, seconds in state.choice.predicted.items():
-                out[f"opd_predicted_step_s_{g}"] = float(seconds)
+        predicted = None if state.choice is None else state.choice.predicted
+        if predicted is not None:  # only on steps the predictor chose (not while exploring)
+            out["opd_predicted_step_s_turn"] = float(predicted["turn"])
+            out["opd_predicted_step_s_trajectory"] = float(predicted["trajectory"])
         return out
 
     def compiles() -> int:
