@@ -395,10 +395,11 @@ def test_a_lost_member_closes_its_trajectory_once_its_emitted_turns_are_in(
 
 
 def test_auto_explores_then_picks_the_predicted_granularity_with_the_same_update(setup, reference):
-    """Three batches of `auto` under stream, each handed the previous one's carry: step 0
-    runs the rule (turn), step 1 the other, step 2 the predictor's argmin; every step gives
-    the synchronous update, and the carry's trace is the batch's turns as the learner saw
-    them (segment starts and lengths of the setup's trajectories)."""
+    """Four batches of `auto` under stream, each handed the previous one's carry: step 0
+    runs the rule (turn), step 1 the other; later steps the predictor's argmin, or the
+    granularity whose call kind only ran while compiling (its timings are dropped); every
+    step gives the synchronous update, and the carry's trace is the batch's turns as the
+    learner saw them (segment starts and lengths of the setup's trajectories)."""
     graphdef, params, trajs = setup
     ref, _ = reference
     score_fn = chunks.make_score_grad_fn(graphdef, (WIDTH,), pad_id=0)
@@ -409,8 +410,8 @@ def test_auto_explores_then_picks_the_predicted_granularity_with_the_same_update
         accumulators.opd(), score_fn, 0, segment_fns=seg_fns, granularity="auto",
         schedule=schedules.get("stream"),
     )  # fmt: skip
-    carry, chosen = None, []
-    for step in range(3):
+    carry, choices = None, []
+    for step in range(4):
         q: queue.Queue = queue.Queue()
         for it in _arrivals(trajs, seed=20 + step):
             q.put(it)
@@ -420,13 +421,19 @@ def test_auto_explores_then_picks_the_predicted_granularity_with_the_same_update
         batch = learner.close_groups(batch, set())
         assert _rel_err(learner.finalize(batch), ref) <= 1e-5
         m = learner.metrics(batch)
-        chosen.append("turn" if m["opd_granularity_turn"] == 1.0 else "trajectory")
+        assert m["opd_granularity_turn"] == float(batch.choice.granularity == "turn")
+        if batch.choice.predicted is None:
+            assert "opd_predicted_step_s_turn" not in m and batch.choice.reason.startswith(
+                "explore"
+            )
+        else:
+            predicted = {g: m[f"opd_predicted_step_s_{g}"] for g in ("turn", "trajectory")}
+            assert batch.choice.granularity == min(predicted, key=predicted.get)
+            assert min(predicted.values()) > 0
+        choices.append(batch.choice)
         carry = learner.carry(batch)
-        if step < 2:
-            assert "opd_predicted_step_s_turn" not in m
-    assert chosen[:2] == ["turn", "trajectory"]
-    predicted = {g: m[f"opd_predicted_step_s_{g}"] for g in ("turn", "trajectory")}
-    assert chosen[2] == min(predicted, key=predicted.get) and min(predicted.values()) > 0
+    assert [c.granularity for c in choices[:2]] == ["turn", "trajectory"]
+    assert choices[-1].predicted is not None  # every call kind has been timed by now
     assert carry.timed == {"turn", "trajectory"}
     traced = sim.trajectories(carry.trace)
     for tid, (_, spans, _) in enumerate(trajs.values()):  # traj ids: sorted (group, member)

@@ -14,7 +14,8 @@ What one step teaches the chooser (`StepRecord`, threaded in the OPD batch state
   beyond its calls is the loop's overhead: per item under `turn` (`SegmentCost.overhead_s`),
   spread over the chunk's calls under `trajectory` (one-shot and hold prices are whole chunks).
   A sweep of several blocks is one timed call: its time is split over the blocks by padded
-  tokens.
+  tokens. A call during which something compiled gives no sample (the first steps compile
+  every new shape; such a shape is priced by its kind's fit until it is timed again).
 
 `AutoState` pools the samples of recent steps (bounded per shape) and keeps the last step's
 trace. `choose`: with no timings the old rule (`trajectory` under a schedule whose learner
@@ -60,6 +61,7 @@ class CallTiming(NamedTuple):
     """One timed learner call: a turn folded in (`fold`) or a trajectory closed (`close`).
 
     chunk: index of the chunk it ran in (`StepRecord.chunks`), -1 outside any (batch end).
+    compiled: a jitted function compiled during the call: its time is no price of the shape.
     """
 
     group: int
@@ -67,6 +69,7 @@ class CallTiming(NamedTuple):
     kind: str
     seconds: float
     chunk: int
+    compiled: bool = False
 
 
 class StepRecord(NamedTuple):
@@ -182,14 +185,16 @@ def step_samples(record: StepRecord, buckets: Buckets) -> tuple[list[sim.OpdTurn
             keyed = [(sim._opd.HOLD, c) for c in folds[tid]]
             keyed.append((sim.one_shot_call(turns, buckets.seq), closes[tid]))
             for key, c in keyed:
-                extra = spread[c.chunk] if c.chunk >= 0 else 0.0
-                out.setdefault(key, []).append(c.seconds + extra)
+                if not c.compiled:
+                    extra = spread[c.chunk] if c.chunk >= 0 else 0.0
+                    out.setdefault(key, []).append(c.seconds + extra)
             continue
         direct, sweep = sim.segment_calls(turns, buckets.seg, buckets.cache)
         for key, c in zip(direct, folds[tid], strict=True):
-            out.setdefault(key, []).append(c.seconds)
+            if not c.compiled:
+                out.setdefault(key, []).append(c.seconds)
         padded = sum(k[1] for k in sweep)
-        for key in sweep:  # one call of several blocks: split by padded tokens
+        for key in sweep if not closes[tid].compiled else ():  # split by padded tokens
             out.setdefault(key, []).append(closes[tid].seconds * key[1] / padded)
     if record.granularity == "trajectory":
         overhead = ()
@@ -202,11 +207,11 @@ def observe(state: AutoState, trace, samples: Samples) -> AutoState:
     calls = dict(state.calls)
     for key, ts in samples.calls.items():
         calls[key] = (*calls.get(key, ()), *ts)[-MAX_SAMPLES_PER_SHAPE:]
-    timed = state.timed | ({samples.granularity} if samples.calls else set())
+    # Ran, even if every call compiled: `choose` re-runs it if a call kind is still untimed.
     return state._replace(
         calls=calls,
         overhead=(*state.overhead, *samples.overhead)[-MAX_OVERHEAD_SAMPLES:],
-        timed=frozenset(timed),
+        timed=state.timed | {samples.granularity},
         trace=tuple(trace) if trace else state.trace,
     )
 

@@ -123,7 +123,13 @@ def batch_learner(
     if granularity != "trajectory" and segment_fns is None:
         raise ValueError(f"opd_granularity={granularity!r} needs segment_fns (learner.segments)")
     logprob_fn = TokenLogprobFn(score_fn)
-    add = jax.jit(acc.add_weighted, donate_argnums=0)
+    add_traces = [0]  # compilations of `add` (not in `compiles`: `auto` skips their timings)
+
+    def add_weighted(*args):
+        add_traces[0] += 1  # runs once per trace
+        return acc.add_weighted(*args)
+
+    add = jax.jit(add_weighted, donate_argnums=0)
     add_terms = _terms.TermAdder(acc, regularizer_fn)
     folders = {"trajectory": _trajs.WholeTrajectory(score_fn, logprob_fn, add, pad_id)}
     if segment_fns is not None:
@@ -160,10 +166,15 @@ def batch_learner(
         trace, samples = _auto.step_samples(state.record, padding)
         return _auto.observe(state.auto_in or _auto.AutoState(padding), trace, samples)
 
-    def timed(state: OpdState, key, kind: str, start: float, chunk: int) -> OpdState:
+    def traced() -> int:
+        return compiles() + add_traces[0]
+
+    def timed(state: OpdState, key, kind: str, start: tuple, chunk: int) -> OpdState:
+        """The state with one call timed from `start` = (perf_counter, `traced()`) on."""
         if state.record is None:
             return state
-        call = _auto.CallTiming(*key, kind, time.perf_counter() - start, chunk)
+        seconds, compiled = time.perf_counter() - start[0], traced() != start[1]
+        call = _auto.CallTiming(*key, kind, seconds, chunk, compiled)
         return state._replace(record=state.record._replace(calls=(*state.record.calls, call)))
 
     def advance(state: OpdState, key, flush_all: bool = False, chunk: int = -1) -> OpdState:
@@ -180,7 +191,7 @@ def batch_learner(
         acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
         gap = state.gap
         for payload in ready:
-            start = time.perf_counter()  # `turn`: the fold syncs on its log-probs
+            start = (time.perf_counter(), traced())  # `turn`: the fold syncs on its log-probs
             traj, folded = folder.fold(state.policy, acc_state, traj, payload)
             state = timed(state, key, "fold", start, chunk)
             acc_state, tokens = folded.acc, tokens + folded.tokens
@@ -189,7 +200,7 @@ def batch_learner(
             opened[key] = traj
             peak = max(peak, sum(t.nbytes for t in opened.values()))
         if closing:
-            start = time.perf_counter()
+            start = (time.perf_counter(), traced())
             folded = folder.close(state.policy, acc_state, traj)
             if state.record is not None:  # `auto` only: time the close's work, not its dispatch
                 jax.block_until_ready(folded.acc)
