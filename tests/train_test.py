@@ -31,6 +31,7 @@ from thundersync_jax.metrics import read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 2
+AUTO_STEPS = 3  # the OPD `auto` run: step 0 and 1 explore, step 2 follows the predictor
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = (
     "step step_time_s rollout_time_s learner_busy_s learner_idle_frac tail_s publish_s "
@@ -217,6 +218,11 @@ def opd_runs(tmp_path_factory):
     c.rl.opd_granularity = "trajectory"
     runs["trajectory"] = str(base / "trajectory")
     train.run(c, runs["trajectory"])
+    # Granularity chosen per step by the predictor (3 steps: two explore, then it predicts).
+    c = _opd_config("stream", AUTO_STEPS, base)
+    c.rl.opd_granularity = "auto"
+    runs["auto"] = str(base / "auto")
+    train.run(c, runs["auto"])
     return runs
 
 

@@ -200,3 +200,13 @@ def test_a_lost_turn_opens_the_next_segment_and_a_missing_fold_is_an_error():
     record = auto.StepRecord("turn", tuple(arrivals), calls, ((1.0, 3),))
     with pytest.raises(ValueError, match="timed folds"):
         auto.step_samples(record, B)
+
+
+def test_the_last_turn_arrives_no_earlier_than_its_members_end():
+    trace = _trace()
+    last = {(t.group, t.member): t.arrival_s for t in trace if t.last}
+    ends = [(g, m, at + (5.0 if g == 0 else -5.0)) for (g, m), at in last.items()]
+    got, _ = auto.step_trace(_arrivals(trace), ends)
+    for t, want in zip(got, trace, strict=True):
+        late = t.last and t.group == 0  # group 0's episodes ended 5 s after their last score
+        assert t.arrival_s == (want.arrival_s + 5.0 if late else want.arrival_s)

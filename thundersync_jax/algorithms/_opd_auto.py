@@ -76,12 +76,14 @@ class StepRecord(NamedTuple):
     """What one step teaches the chooser (see module doc); tuples, never mutated.
 
     chunks: (wall seconds of the chunk's `process`, its items) per chunk, in order.
+    ends: (group, member, arrival_s) of every member-closing item (`MemberEnd`, `MemberLost`).
     """
 
     granularity: str
     arrivals: tuple[TurnArrival, ...] = ()
     calls: tuple[CallTiming, ...] = ()
     chunks: tuple[tuple[float, int], ...] = ()
+    ends: tuple[tuple[int, int, float], ...] = ()
 
 
 class Buckets(NamedTuple):
@@ -126,17 +128,21 @@ class Choice(NamedTuple):
     reason: str
 
 
-def step_trace(arrivals) -> tuple[list[sim.OpdTurn], dict[tuple[int, int], int]]:
+def step_trace(arrivals, ends=()) -> tuple[list[sim.OpdTurn], dict[tuple[int, int], int]]:
     """(the step's turns as `sim.OpdTurn`s, (group, member) -> traj id).
 
     Turns in turn order per trajectory, renumbered 0..n-1 (a lost turn's tokens open the
     next segment, as in the learner); a turn's arrival is at least its predecessor's (the
-    learner folds it only after that one). `scored` only sizes the planner's items, so it is
-    clamped into the trace's [1, tokens) range.
+    learner folds it only after that one). The predictor queues a member's closing item with
+    its last turn, but the episode ends later (the verifier runs after the last turn): the
+    last turn arrives no earlier than its member's end (`ends`: (group, member, arrival_s)),
+    so the rollout span and the close (sweep or one-shot gradient) are where they were.
+    `scored` only sizes the planner's items, so it is clamped into the trace's [1, tokens).
     """
     by_member: dict[tuple[int, int], list[TurnArrival]] = {}
     for a in arrivals:
         by_member.setdefault((a.group, a.member), []).append(a)
+    end_at = {(g, m): float(t) for g, m, t in ends}
     trace, ids = [], {}
     for tid, key in enumerate(sorted(by_member)):
         ids[key] = tid
@@ -145,6 +151,8 @@ def step_trace(arrivals) -> tuple[list[sim.OpdTurn], dict[tuple[int, int], int]]
         for j, a in enumerate(turns):
             tokens = int(a.length) - pos
             prev = max(float(a.arrival_s), prev)
+            if j == len(turns) - 1:
+                prev = max(prev, end_at.get(key, 0.0))
             scored = max(1, min(int(a.scored), tokens - 1))
             trace.append(sim.OpdTurn(tid, *key, j, prev, pos, tokens, scored, j == len(turns) - 1))
             pos = int(a.length)
@@ -153,7 +161,7 @@ def step_trace(arrivals) -> tuple[list[sim.OpdTurn], dict[tuple[int, int], int]]
 
 def step_samples(record: StepRecord, buckets: Buckets) -> tuple[list[sim.OpdTurn], Samples]:
     """(the step's trace, its calls keyed as `sim.SegmentCost` prices them); see module doc."""
-    trace, ids = step_trace(record.arrivals)
+    trace, ids = step_trace(record.arrivals, record.ends)
     by_traj = sim.trajectories(trace)
     in_chunk = [0.0] * len(record.chunks)
     calls_in_chunk = [0] * len(record.chunks)
