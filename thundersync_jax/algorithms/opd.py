@@ -240,7 +240,7 @@ def batch_learner(
         opened = dict(state.open)
         touched = []
         turns = 0
-        arrivals, ends = [], []
+        arrivals, closed_at = [], []  # `auto`: when turns and member ends arrived
         for it in chunk:
             key = (it.group, it.member)
             traj = opened.get(key, _trajs.OpenTrajectory())
@@ -252,7 +252,7 @@ def batch_learner(
                 n, scored = len(it.payload.tokens), it.payload.num_tokens
                 arrivals.append(_auto.TurnArrival(*key, it.payload.turn, it.arrival_s, n, scored))
             elif isinstance(it.payload, (MemberEnd, MemberLost)):
-                ends.append((*key, it.arrival_s))
+                closed_at.append((*key, it.arrival_s))
                 if it.payload.turns is None:  # no count: closed at the batch end
                     continue
                 traj = traj._replace(expected=int(it.payload.turns))
@@ -268,7 +268,7 @@ def batch_learner(
         r = state.record
         wall = (time.perf_counter() - started, len(chunk))
         record = r._replace(
-            arrivals=(*r.arrivals, *arrivals), ends=(*r.ends, *ends), chunks=(*r.chunks, wall)
+            arrivals=(*r.arrivals, *arrivals), ends=(*r.ends, *closed_at), chunks=(*r.chunks, wall)
         )
         return state._replace(record=record)
 
