@@ -70,8 +70,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             # new trajectory wait while that many are open (backpressure, never OOM).
             max_open_trajectories=0,
             # OPD: turn = per-turn segments over the learner's cache (linear cost, streams);
-            # trajectory = one gradient when the trajectory ends; auto = trajectory under
-            # sync, turn otherwise.
+            # trajectory = one gradient when the trajectory ends; auto = per step, whichever
+            # the step-time predictor says is shorter on the previous step's timed turns
+            # (the first two steps explore: trajectory under sync else turn, then the other).
             opd_granularity="turn",
             # GRPO: forward and backpropagate each group's prompt once (learner KV cache,
             # prompt-sized cotangent tallies); exact for affine estimators, others fall back.

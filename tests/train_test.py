@@ -31,6 +31,7 @@ from thundersync_jax.metrics import read_metrics
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 STEPS = 2
+AUTO_STEPS = 3  # the OPD `auto` run: step 0 and 1 explore, step 2 follows the predictor
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = (
     "step step_time_s rollout_time_s learner_busy_s learner_idle_frac tail_s publish_s "
@@ -217,6 +218,11 @@ def opd_runs(tmp_path_factory):
     c.rl.opd_granularity = "trajectory"
     runs["trajectory"] = str(base / "trajectory")
     train.run(c, runs["trajectory"])
+    # Granularity chosen per step by the predictor (3 steps: two explore, then it predicts).
+    c = _opd_config("stream", AUTO_STEPS, base)
+    c.rl.opd_granularity = "auto"
+    runs["auto"] = str(base / "auto")
+    train.run(c, runs["auto"])
     return runs
 
 
@@ -239,3 +245,24 @@ def test_opd_schedules_reach_the_same_parameters(opd_runs):
     # the open trajectories' learner caches are counted (`trajectory` keeps none)
     for with_caches, without in zip(sync, traj_m, strict=True):
         assert with_caches["accum_bytes_peak"] > without["accum_bytes_peak"]
+
+
+def test_opd_auto_explores_then_follows_the_predictor(opd_runs):
+    # Under stream step 0 runs the rule (turn), step 1 the other granularity, step 2 the
+    # shorter of the two predictions from the earlier steps' timed calls (unless a call kind
+    # only ran while compiling: then it explores that granularity again, no prediction).
+    ms = _metrics(opd_runs["auto"])
+    assert [m["step"] for m in ms] == list(range(AUTO_STEPS))
+    assert [m["opd_granularity_turn"] for m in ms[:2]] == [1.0, 0.0]
+    assert all("opd_predicted_step_s_turn" not in m for m in ms[:2])
+    predicted = [m for m in ms[2:] if "opd_predicted_step_s_turn" in m]
+    assert predicted, "no step followed the predictor"
+    for m in predicted:
+        turn, traj = m["opd_predicted_step_s_turn"], m["opd_predicted_step_s_trajectory"]
+        assert 0 < min(turn, traj) and m["opd_granularity_turn"] == float(turn <= traj)
+    # the granularity does not change the update: steps 0 and 1 as the `turn` stream run
+    stream = _metrics(opd_runs["stream"])
+    assert [m["tokens"] for m in ms[:STEPS]] == [m["tokens"] for m in stream]
+    with open(os.path.join(opd_runs["auto"], "train.log")) as f:
+        log = f.read()
+    assert "OPD granularity at version 2: " in log

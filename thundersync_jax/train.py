@@ -213,8 +213,11 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
         fleet.drop_versions_from(first_step)
         run_.publish(state.params, first_step)
         pending = None  # pipelined schedules: the next batch's rollouts, already running
+        # What a batch learner hands its next batch (OPD `auto`: the granularity chooser's
+        # timings; host numbers). Not checkpointed: a resumed run explores again.
+        carry = None
         for step in range(first_step, config.num_steps):
-            state, pending, last = _train_step(run_, step, state, pending)
+            state, pending, last, carry = _train_step(run_, step, state, pending, carry)
             writer.write(step, last)
             progress.update(last)
             every = int(config.checkpoint.every)
@@ -245,10 +248,12 @@ class _MainOnly:
         return lambda *args, **kwargs: None
 
 
-def _train_step(run: _Run, step: int, state, pending):
+def _train_step(run: _Run, step: int, state, pending, carry=None):
     """One batch: rollouts, learner work, optimizer step, publication.
 
-    Returns (new state, the next batch's rollouts if pipelined else None, the step's metrics).
+    `carry` is the previous batch's `learner.carry` (None on the first step of a process).
+    Returns (new state, the next batch's rollouts if pipelined else None, the step's metrics,
+    this batch's carry).
     """
     config, rl, schedule = run.config, run.config.rl, run.schedule
     version = int(state.step)
@@ -277,7 +282,11 @@ def _train_step(run: _Run, step: int, state, pending):
             timeline.record(metrics.CHUNK, start, end, group=chunk[0].group, ids=ids, tokens=tokens)
 
     batch = run.learner.init(
-        state.params, version, run.policy.base, enforce_version=schedule.enforces_version
+        state.params,
+        version,
+        run.policy.base,
+        enforce_version=schedule.enforces_version,
+        carry=carry,
     )
     batch, stats = run_learner_batch(
         planner,
@@ -323,4 +332,4 @@ def _train_step(run: _Run, step: int, state, pending):
     if run.dp.info.is_main:
         components.save_step_artifacts(config, run.workdir, step, timeline)
     log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
-    return new_state, nxt, out
+    return new_state, nxt, out, run.learner.carry(batch)

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 from configs import terminal_opd_cpu
-from thundersync_jax import accumulators, losses, train
-from thundersync_jax.algorithms import opd
+from thundersync_jax import accumulators, losses, sim, train
+from thundersync_jax.algorithms import _opd_auto, opd
 from thundersync_jax.algorithms.base import MemberEnd, MemberLost
 from thundersync_jax.algorithms.opd import TurnPayload
 from thundersync_jax.learner import chunks, segments
@@ -329,10 +329,10 @@ def test_opd_config_checks_name_the_bad_value():
         train.check(c)
     c.rl.opd_granularity = "auto"
     train.check(c)
-    # auto: one gradient per trajectory when nothing can overlap the rollouts, else per turn
-    assert opd.resolve_granularity("auto", schedules.get("sync")) == "trajectory"
-    assert opd.resolve_granularity("auto", schedules.get("stream")) == "turn"
-    assert opd.resolve_granularity("trajectory", schedules.get("stream")) == "trajectory"
+    # auto's first step (nothing timed): one gradient per trajectory when nothing can overlap
+    # the rollouts, else per turn (tests/algorithms/opd_auto_test.py: the later steps)
+    assert _opd_auto.choose(None, schedules.get("sync")).granularity == "trajectory"
+    assert _opd_auto.choose(None, schedules.get("stream")).granularity == "turn"
     for schedule in ("sync", "group", "stream", "async"):  # OPD runs every schedule
         c = terminal_opd_cpu.get_config("smoke")
         c.schedule = schedule
@@ -392,3 +392,57 @@ def test_a_lost_member_closes_its_trajectory_once_its_emitted_turns_are_in(
     grads = learner.finalize(learner.close_groups(batch, stats.failed_groups))
     assert learner.metrics(batch)["tokens"] == n_total
     assert _rel_err(grads, ref) <= 1e-5
+
+
+def test_auto_explores_then_picks_the_predicted_granularity_with_the_same_update(setup, reference):
+    """Four batches of `auto` under stream, each handed the previous one's carry: step 0
+    runs the rule (turn), step 1 the other; later steps the predictor's argmin, or the
+    granularity whose call kind only ran while compiling (its timings are dropped); every
+    step gives the synchronous update, and the carry's trace is the batch's turns as the
+    learner saw them (segment starts and lengths of the setup's trajectories)."""
+    graphdef, params, trajs = setup
+    ref, _ = reference
+    score_fn = chunks.make_score_grad_fn(graphdef, (WIDTH,), pad_id=0)
+    seg_fns = segments.make_segment_fns(
+        graphdef, CFG, seg_buckets=(8, WIDTH), cache_buckets=(WIDTH,)
+    )
+    learner = opd.batch_learner(
+        accumulators.opd(), score_fn, 0, segment_fns=seg_fns, granularity="auto",
+        schedule=schedules.get("stream"),
+    )  # fmt: skip
+    carry, choices = None, []
+    for step in range(4):
+        q: queue.Queue = queue.Queue()
+        for it in _arrivals(trajs, seed=20 + step):
+            q.put(it)
+        batch = learner.init(params, 0, carry=carry)
+        planner = Planner("stream", K, G, 9)
+        batch, _ = run_learner_batch(planner, q, batch, learner.process, timeout_s=5)
+        batch = learner.close_groups(batch, set())
+        assert _rel_err(learner.finalize(batch), ref) <= 1e-5
+        m = learner.metrics(batch)
+        assert m["opd_granularity_turn"] == float(batch.choice.granularity == "turn")
+        if batch.choice.predicted is None:
+            assert "opd_predicted_step_s_turn" not in m and batch.choice.reason.startswith(
+                "explore"
+            )
+        else:
+            predicted = {g: m[f"opd_predicted_step_s_{g}"] for g in ("turn", "trajectory")}
+            assert batch.choice.granularity == min(predicted, key=predicted.get)
+            assert min(predicted.values()) > 0
+        choices.append(batch.choice)
+        carry = learner.carry(batch)
+    assert [c.granularity for c in choices[:2]] == ["turn", "trajectory"]
+    assert choices[-1].predicted is not None  # every call kind has been timed by now
+    assert carry.timed == {"turn", "trajectory"}
+    traced = sim.trajectories(carry.trace)
+    for tid, (_, spans, _) in enumerate(trajs.values()):  # traj ids: sorted (group, member)
+        turns = traced[tid]
+        assert [t.start + t.tokens for t in turns] == [e for _, e in spans]
+        assert [t.scored for t in turns] == [e - s for s, e in spans]
+    # every direct call of the turn step was timed under its padded shape
+    direct_keys = {k for k in carry.calls if k[0] == "direct"}
+    want = {
+        k for turns in traced.values() for k in sim.segment_calls(turns, (8, WIDTH), (WIDTH,))[0]
+    }
+    assert direct_keys == want

@@ -100,7 +100,8 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
     add = jax.jit(acc.add)
     batch_scope = bool(acc.config.batch_scope)
 
-    def init(params, version: int, base_params=None, enforce_version: bool = True):
+    def init(params, version: int, base_params=None, enforce_version: bool = True, carry=None):
+        del carry  # nothing is kept across batches
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
         return SharedPromptState(acc.init(params), policy, BatchTally())
 

@@ -5,11 +5,12 @@ runs beside the student's engines (OPD's teacher), how an episode becomes learne
 (`schedule.episodes.EpisodeWork`), and a factory for its `BatchLearner`: the learner pass
 over a chunk as pure functions of an immutable per-batch state,
 
-    state = learner.init(params, version, base_params)
+    state = learner.init(params, version, base_params, carry=carry)
     state = learner.process(state, chunk)          # for every chunk the planner hands out
     state = learner.close_groups(state, failed)    # groups that lost members for good
     grads = learner.finalize(state)                # ∇L, shaped like the trainable params
     learner.metrics(state)                         # the step's algorithm metrics
+    carry = learner.carry(state)                   # what the next batch's init needs
 
 The loop never reads a learner attribute back; everything a step reports comes from the
 state it threaded through.
@@ -138,7 +139,7 @@ class BatchLearner(NamedTuple):
     """One batch's learner work as pure functions of an immutable state (see module doc).
 
     Attributes:
-      init: (params, version, base_params=None, enforce_version=True) -> state.
+      init: (params, version, base_params=None, enforce_version=True, carry=None) -> state.
       process: (state, chunk) -> state; returns once the chunk's work is done.
       close_groups: (state, groups) -> state.
       finalize: state -> ∇L (float32, shaped like the trainable params).
@@ -147,6 +148,9 @@ class BatchLearner(NamedTuple):
       accumulator_state: state -> the accumulator's arrays (for `accum_bytes_peak`).
       kept_bytes_peak: state -> the batch's peak device bytes kept beside the accumulator
         (OPD: open trajectories' KV caches and cotangent buffers), added to `accum_bytes_peak`.
+      carry: state -> a small host object the next batch's `init(carry=...)` takes, or None
+        (OPD `auto`: the granularity chooser's timings and trace; GRPO: None). Never device
+        arrays of the batch: the state (and its accumulator) must not outlive its step.
     """
 
     init: Callable
@@ -157,6 +161,7 @@ class BatchLearner(NamedTuple):
     compiles: Callable[[], int]
     accumulator_state: Callable
     kept_bytes_peak: Callable = lambda state: 0
+    carry: Callable = lambda state: None
 
 
 class LearnerSetup(NamedTuple):

@@ -107,7 +107,10 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
     add_terms = _terms.TermAdder(acc, regularizer_fn)
     host_tallies = getattr(getattr(acc, "policy", acc).config, "host", False)
 
-    def init(params, version: int, base_params=None, enforce_version: bool = True) -> GrpoState:
+    def init(
+        params, version: int, base_params=None, enforce_version: bool = True, carry=None
+    ) -> GrpoState:
+        del carry  # GRPO keeps nothing across batches
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
         return GrpoState(acc.init(params), policy, BatchTally())
 

@@ -14,7 +14,11 @@ folds the turns of each trajectory in at `rl.opd_granularity` (`_opd_trajectorie
   cotangents wait in a buffer for one reverse sweep when the trajectory closes: linear cost
   in the turn count;
 * `trajectory`: one gradient of the whole trajectory when it closes;
-* `auto`: `trajectory` under sync, `turn` otherwise (`resolve_granularity`).
+* `auto`: picked per step by the step-time predictor (`_opd_auto`): from the previous
+  step's turn trace and the learner calls timed so far, `sim.simulate_opd` of both
+  granularities and the shorter one; the first two steps explore (the rule `trajectory`
+  under sync, `turn` otherwise, then the other one). The choice travels to the next step's
+  `init` as the learner's `carry` (host numbers only).
 
 finalize = −(1/N) Σ h over the batch's N scored tokens: the batch-synchronous update in every
 schedule and granularity. `rl.kl_coef` and `rl.entropy_coef` add their terms over the
@@ -26,11 +30,14 @@ engine/learner log-prob gap of the scored tokens (the `engine_logprob_gap_*` met
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, NamedTuple
 
 import jax
 
 from thundersync_jax import accumulators
+from thundersync_jax.algorithms import _opd_auto as _auto
 from thundersync_jax.algorithms import _opd_trajectories as _trajs
 from thundersync_jax.algorithms import _terms
 from thundersync_jax.algorithms._opd_episodes import (  # noqa: F401  (re-exported)
@@ -56,6 +63,8 @@ from thundersync_jax.schedule import config_check, schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem
 
+log = logging.getLogger(__name__)
+
 
 class OpdState(NamedTuple):
     """Per-batch OPD learner state.
@@ -71,6 +80,10 @@ class OpdState(NamedTuple):
       kept_bytes_peak: peak device bytes of the open trajectories' caches and buffers.
       granularity: this batch's `rl.opd_granularity`, resolved ("turn" or "trajectory").
       gap: the engine/learner log-prob gap sums so far.
+      record: under `auto`, the step's turn arrivals and timed calls (`_opd_auto.StepRecord`),
+        else None.
+      auto_in: under `auto`, the chooser's state from earlier steps (the previous `carry`).
+      choice: under `auto`, this batch's `_opd_auto.Choice`.
     """
 
     acc: Any
@@ -82,6 +95,9 @@ class OpdState(NamedTuple):
     kept_bytes_peak: int = 0
     granularity: str = "turn"
     gap: GapTally = GapTally()
+    record: _auto.StepRecord | None = None
+    auto_in: _auto.AutoState | None = None
+    choice: _auto.Choice | None = None
 
 
 def batch_learner(
@@ -99,27 +115,74 @@ def batch_learner(
     Args:
       score_fn: the score-gradient chunk function (`trajectory` granularity).
       segment_fns: `learner.segments.SegmentFns` of the same model (`turn` granularity).
-      granularity: `rl.opd_granularity` (see `_opd_trajectories`); `auto` resolves per batch
-        from `schedule`.
+      granularity: `rl.opd_granularity` (see `_opd_trajectories`); `auto` is chosen per batch
+        (`_opd_auto.choose`) from the `carry` handed to `init`.
       schedule: the run's `schedules.Schedule` (for `auto`).
     """
     granularity = _trajs.check_granularity(granularity)
     if granularity != "trajectory" and segment_fns is None:
         raise ValueError(f"opd_granularity={granularity!r} needs segment_fns (learner.segments)")
     logprob_fn = TokenLogprobFn(score_fn)
-    add = jax.jit(acc.add_weighted, donate_argnums=0)
+    add_traces = [0]  # compilations of `add` (not in `compiles`: `auto` skips their timings)
+
+    def add_weighted(*args):
+        add_traces[0] += 1  # runs once per trace
+        return acc.add_weighted(*args)
+
+    add = jax.jit(add_weighted, donate_argnums=0)
     add_terms = _terms.TermAdder(acc, regularizer_fn)
     folders = {"trajectory": _trajs.WholeTrajectory(score_fn, logprob_fn, add, pad_id)}
     if segment_fns is not None:
         folders["turn"] = _trajs.TurnSegments(segment_fns, add)
+    padding = None
+    if granularity == "auto":
+        if schedule is None:
+            raise ValueError("opd_granularity='auto' needs the run's schedule (schedule=None)")
+        padding = _auto.Buckets(
+            segment_fns.seg_buckets, segment_fns.cache_buckets, tuple(score_fn.seq_buckets)
+        )
 
-    def init(params, version: int, base_params=None, enforce_version: bool = True) -> OpdState:
+    def init(
+        params, version: int, base_params=None, enforce_version: bool = True, carry=None
+    ) -> OpdState:
+        """carry: the previous batch's `carry(state)` (`auto`'s memory), or None."""
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
-        chosen = resolve_granularity(granularity, schedule)
-        return OpdState(acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0, chosen)
+        state = OpdState(acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0, granularity)
+        if granularity != "auto":
+            return state
+        choice = _auto.choose(carry, schedule)
+        times = ", ".join(f"{g} {s:.3f} s" for g, s in (choice.predicted or {}).items())
+        log.info("OPD granularity at version %d: %s (%s%s)", version, choice.granularity,
+                 choice.reason, f"; predicted {times}" if times else "")  # fmt: skip
+        record = _auto.StepRecord(choice.granularity)
+        return state._replace(
+            granularity=choice.granularity, record=record, auto_in=carry, choice=choice
+        )
 
-    def advance(state: OpdState, key, flush_all: bool = False) -> OpdState:
-        """Folds in the member's turns that can go now; closes it once it is complete."""
+    def carry(state: OpdState):
+        """What the next batch's `init` needs (`auto`: the chooser's state), else None."""
+        if state.record is None:
+            return None
+        trace, samples = _auto.step_samples(state.record, padding)
+        return _auto.observe(state.auto_in or _auto.AutoState(padding), trace, samples)
+
+    def traced() -> int:
+        return compiles() + add_traces[0]
+
+    def timed(state: OpdState, key, kind: str, start: tuple, chunk: int) -> OpdState:
+        """The state with one call timed from `start` = (perf_counter, `traced()`) on."""
+        if state.record is None:
+            return state
+        seconds, compiled = time.perf_counter() - start[0], traced() != start[1]
+        call = _auto.CallTiming(*key, kind, seconds, chunk, compiled)
+        return state._replace(record=state.record._replace(calls=(*state.record.calls, call)))
+
+    def advance(state: OpdState, key, flush_all: bool = False, chunk: int = -1) -> OpdState:
+        """Folds in the member's turns that can go now; closes it once it is complete.
+
+        Under `auto` each fold and close is timed once its result is ready (`chunk`: the
+        chunk's index in the record, -1 at the batch end).
+        """
         folder = folders[state.granularity]
         opened = dict(state.open)
         traj = opened[key]
@@ -128,14 +191,20 @@ def batch_learner(
         acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
         gap = state.gap
         for payload in ready:
+            start = (time.perf_counter(), traced())  # `turn`: the fold syncs on its log-probs
             traj, folded = folder.fold(state.policy, acc_state, traj, payload)
+            state = timed(state, key, "fold", start, chunk)
             acc_state, tokens = folded.acc, tokens + folded.tokens
             log_ratio += folded.log_ratio_sum
             gap = gap if folded.gap is None else gap.add(folded.gap)
             opened[key] = traj
             peak = max(peak, sum(t.nbytes for t in opened.values()))
         if closing:
+            start = (time.perf_counter(), traced())
             folded = folder.close(state.policy, acc_state, traj)
+            if state.record is not None:  # `auto` only: time the close's work, not its dispatch
+                jax.block_until_ready(folded.acc)
+            state = timed(state, key, "close", start, chunk)
             acc_state, tokens = folded.acc, tokens + folded.tokens
             log_ratio += folded.log_ratio_sum
             gap = gap if folded.gap is None else gap.add(folded.gap)
@@ -157,6 +226,7 @@ def batch_learner(
         )
 
     def process(state: OpdState, chunk: list[WorkItem]) -> OpdState:
+        started = time.perf_counter()
         p = state.policy
         ends = [it for it in chunk if isinstance(it.payload, MemberEnd)]
         tally = state.tally.add(
@@ -170,6 +240,7 @@ def batch_learner(
         opened = dict(state.open)
         touched = []
         turns = 0
+        arrivals, closed_at = [], []  # `auto`: when turns and member ends arrived
         for it in chunk:
             key = (it.group, it.member)
             traj = opened.get(key, _trajs.OpenTrajectory())
@@ -178,17 +249,28 @@ def batch_learner(
                 tally = tally.add(lags=[lag])
                 traj = _trajs.hold(traj, it.payload)
                 turns += 1
+                n, scored = len(it.payload.tokens), it.payload.num_tokens
+                arrivals.append(_auto.TurnArrival(*key, it.payload.turn, it.arrival_s, n, scored))
             elif isinstance(it.payload, (MemberEnd, MemberLost)):
+                closed_at.append((*key, it.arrival_s))
                 if it.payload.turns is None:  # no count: closed at the batch end
                     continue
                 traj = traj._replace(expected=int(it.payload.turns))
             opened[key] = traj
             touched.append(key)
         state = state._replace(tally=tally, open=opened, turns=state.turns + turns)
+        index = -1 if state.record is None else len(state.record.chunks)
         for key in dict.fromkeys(touched):  # first-touch order: fixed by the chunk
-            state = advance(state, key)
+            state = advance(state, key, chunk=index)
         jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
-        return state
+        if state.record is None:
+            return state
+        r = state.record
+        wall = (time.perf_counter() - started, len(chunk))
+        record = r._replace(
+            arrivals=(*r.arrivals, *arrivals), ends=(*r.ends, *closed_at), chunks=(*r.chunks, wall)
+        )
+        return state._replace(record=record)
 
     def close_groups(state: OpdState, groups) -> OpdState:
         """Closes every trajectory still open (members lost without a count, or no count)."""
@@ -212,6 +294,11 @@ def batch_learner(
         # are padded per chunk, and chunks differ between schedules in the last bits.
         kl = state.reverse_kl_sum / max(state.tally.tokens, 1)
         out.update(reverse_kl=round(kl, 6), turns=int(state.turns), **state.gap.metrics())
+        out["opd_granularity_turn"] = 1.0 if state.granularity == "turn" else 0.0
+        predicted = None if state.choice is None else state.choice.predicted
+        if predicted is not None:  # only on steps the predictor chose (not while exploring)
+            out["opd_predicted_step_s_turn"] = float(predicted["turn"])
+            out["opd_predicted_step_s_trajectory"] = float(predicted["trajectory"])
         return out
 
     def compiles() -> int:
@@ -227,23 +314,8 @@ def batch_learner(
         compiles=compiles,
         accumulator_state=lambda state: state.acc,
         kept_bytes_peak=lambda state: int(state.kept_bytes_peak),
+        carry=carry,
     )
-
-
-def resolve_granularity(granularity: str, schedule) -> str:
-    """`turn` or `trajectory` for one batch; `auto` asks the schedule.
-
-    `auto` (kept simple): `trajectory` under a schedule that runs learner work only once the
-    whole batch is in (sync: nothing can overlap the rollouts, and one one-shot gradient per
-    trajectory is about half the work of direct passes plus a sweep), `turn` under every
-    other schedule (the learner works while tool calls run; the tail after the last score is
-    one turn's direct pass plus the sweep).
-    """
-    if granularity != "auto":
-        return granularity
-    if schedule is not None and schedule.ready_when == "batch":
-        return "trajectory"
-    return "turn"
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:
