@@ -33,7 +33,10 @@ rounds (counted), warmup (dropped), seeds (one workload each); seq_buckets
 OPD keys: algorithm ("grpo" | "opd"); turns_sigma (spread of log turn counts); mean_tokens is
 then per turn; sigma / group_icc shape the turn durations (generation + tool); opd.mean_turns,
 opd.granularity ("turn" | "trajectory" | "auto"), opd.seg_buckets, opd.cache_buckets (the
-segment learner's padding; trajectories are capped at the largest cache bucket).
+segment learner's padding; trajectories are capped at the largest cache bucket);
+calibrate_on_arrivals (counted rounds' passes see the turns arrive at their trace times).
+Measured (session 7, idle VM, `opd` with the defaults and two hidden-style overrides):
+stream 1.87-1.94x sync, every schedule predicted within 3% (BENCHMARKS.md, issue 14 session 7).
 """
 
 from __future__ import annotations
