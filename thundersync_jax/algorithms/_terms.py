@@ -112,4 +112,7 @@ def segment_fns_for(setup: LearnerSetup):
         cache_dtype=c.model.dtype,
         pad_id=setup.pad_id,
         tis_cap=tis_cap(c),
+        # Laid out on the learner mesh like the chunks: the mesh of the chunk rows.
+        mesh=None if setup.rows is None else setup.rows.mesh,
+        grad_shardings=setup.grad_shardings,
     )

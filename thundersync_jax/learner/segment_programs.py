@@ -8,6 +8,8 @@ the cotangents buffered for the sweep carry the weight too.
 Each is a pure function of (params, caches, one padded segment); every program compiles once
 per (segment bucket, cache capacity) pair, and `Programs.compiles` counts the traces. Cache and
 cotangent buffers are donated, so on a backend that honours donation they update in place.
+On the learner mesh every output has a fixed sharding (`segment_layout.py`): caches keep the
+caches' layout, gradients come out laid out like the trainable params.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from thundersync_jax import losses
-from thundersync_jax.learner import chunks, logprobs
+from thundersync_jax.learner import chunks, logprobs, segment_layout
 from thundersync_jax.models import lora
 from thundersync_jax.models.qwen3 import _segment
 
@@ -54,6 +56,10 @@ def _read(buffer, start, real):
     return jnp.where(real[None, None, :, None, None], block, 0.0)
 
 
+def _zeros_f32(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)
+
+
 class Programs:
     """Jitted forward / direct / sweep passes for one model structure."""
 
@@ -64,8 +70,10 @@ class Programs:
         lora_adapters: bool,
         temperature: float,
         tis_cap: float = 0.0,
+        layout: segment_layout.SegmentLayout = segment_layout.SegmentLayout(),
     ):
         self.graphdef = graphdef
+        self.layout = layout
         self.remat = remat
         self.lora = lora_adapters
         self.temperature = temperature
@@ -75,16 +83,29 @@ class Programs:
         # `past_slots` (static): how many leading cache slots a segment attends to, a cache
         # bucket >= its start (0 for a trajectory's first segment), so attention and its
         # backward cost what the valid past costs, not the whole capacity.
+        cache, rep, grads = layout.cache, layout.replicated, layout.grads
         self._forward = jax.jit(
-            self._forward_fn, static_argnames=("past_slots",), donate_argnums=(2, 3)
+            self._forward_fn,
+            static_argnames=("past_slots",),
+            donate_argnums=(2, 3),
+            **layout.jit_kwargs((cache, cache)),
         )
         self._direct = jax.jit(
-            self._direct_fn, static_argnames=("distill", "past_slots"), donate_argnums=(2,)
+            self._direct_fn,
+            static_argnames=("distill", "past_slots"),
+            donate_argnums=(2,),
+            **layout.jit_kwargs((grads, cache, cache, cache, cache, rep, rep, rep)),
         )
         # The sweep reads k, v (every step of a sweep uses them) and donates dk, dv, total.
         self._sweep = jax.jit(
-            self._sweep_fn, static_argnames=("past_slots",), donate_argnums=(4, 5, 6)
+            self._sweep_fn,
+            static_argnames=("past_slots",),
+            donate_argnums=(4, 5, 6),
+            **layout.jit_kwargs((grads, cache, cache)),
         )
+        # One program, not one eager op per leaf: a sweep starts from param-sized zeros, and
+        # per-leaf dispatch cost ~4 ms per close on the tiny CPU model (more than the sweep).
+        self.zeros = jax.jit(_zeros_f32, **layout.jit_kwargs(grads))
 
     def _count(self) -> None:  # runs once per trace
         with self._lock:

@@ -28,89 +28,15 @@ padded keys are masked out exactly (their attention weight is exactly 0).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from thundersync_jax.learner import buckets, chunks, segment_programs
+from thundersync_jax.learner import buckets, chunks, segment_layout, segment_programs
+from thundersync_jax.learner.segment_state import Segment, SegmentResult, Trajectory
 from thundersync_jax.models.qwen3 import Qwen3Config
-
-
-class Segment(NamedTuple):
-    """One forwarded segment (host side), kept for the reverse sweep.
-
-    Attributes:
-      start: cache slot (= position) of its first input token.
-      inputs: int32 [T] the input tokens it forwarded (unpadded).
-    """
-
-    start: int
-    inputs: np.ndarray
-
-
-class Trajectory(NamedTuple):
-    """The learner's state of one open trajectory.
-
-    Attributes:
-      k: [L, 1, S, K, H] keys of the forwarded tokens at θ (slots >= length are free).
-      v: [L, 1, S, K, H] values.
-      dk: float32 [L, 1, S, K, H] summed cotangents of the cached keys from later segments.
-      dv: float32 [L, 1, S, K, H] the same for the values.
-      length: tokens forwarded (cached) so far.
-      pending: the latest token seen and not yet forwarded as an input (-1: none yet).
-      segments: the forwarded segments, oldest first.
-      shared: leading segments owned by a shared prefix (a group's prompt): `close` does not
-        sweep them, and returns their cotangents instead.
-    """
-
-    k: jax.Array
-    v: jax.Array
-    dk: jax.Array
-    dv: jax.Array
-    length: int
-    pending: int
-    segments: tuple[Segment, ...]
-    shared: int = 0
-
-    @property
-    def capacity(self) -> int:
-        """Cache slots (S)."""
-        return int(self.k.shape[2])
-
-    @property
-    def nbytes(self) -> int:
-        """Device bytes of the kept cache and cotangent buffers (for `accum_bytes_peak`)."""
-        return sum(int(x.size) * x.dtype.itemsize for x in (self.k, self.v, self.dk, self.dv))
-
-
-class SegmentResult(NamedTuple):
-    """What scoring one segment gives back.
-
-    Attributes:
-      grad: float32 pytree like the trainable params: the direct part Σ_t w_t ∇ log π(o_t),
-        cached K/V held fixed.
-      num_tokens: loss-masked tokens of the segment.
-      student_logprobs: float32 [n] log π(o_t | o_<t) of the new tokens (0 where no context).
-      weights: float32 [n] the per-token weights (OPD: Â_t on scored tokens, else 0), before
-        the truncated importance weight.
-      gap: the engine/learner gap sums of the scored tokens (`rollout.logprob_gap.gap_sums`,
-        device scalars), or None when nothing was scored.
-    """
-
-    grad: Any
-    num_tokens: int
-    student_logprobs: np.ndarray
-    weights: np.ndarray
-    gap: dict | None = None
-
-
-@jax.jit
-def _tree_zeros(tree: Any) -> Any:
-    # One program, not one eager op per leaf: a sweep starts from param-sized zeros, and
-    # per-leaf dispatch cost ~4 ms per close on the tiny CPU model (more than the sweep).
-    return jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)
 
 
 class SegmentFns:
@@ -119,6 +45,7 @@ class SegmentFns:
     Attributes:
       seg_buckets: padded segment lengths.
       cache_buckets: padded cache capacities.
+      layout: where caches, inputs and gradients live (`segment_layout.py`).
       programs: the jitted passes (`segment_programs.Programs`), with `compiles` counters.
     """
 
@@ -134,15 +61,23 @@ class SegmentFns:
         cache_dtype: Any,
         pad_id: int,
         tis_cap: float = 0.0,
+        mesh: Any = None,
+        grad_shardings: Any = None,
     ):
         self.cfg = cfg
+        self.layout = segment_layout.segment_layout(cfg, mesh, grad_shardings)
         self.seg_buckets = buckets.validate_buckets(seg_buckets)
         self.cache_buckets = buckets.validate_buckets(cache_buckets)
         self.cache_dtype = jnp.dtype(cache_dtype)
         self.pad_id = int(pad_id)
         self.lora = bool(lora_adapters)
         self.programs = segment_programs.Programs(
-            graphdef, bool(remat), self.lora, chunks.check_temperature(temperature), tis_cap
+            graphdef,
+            bool(remat),
+            self.lora,
+            chunks.check_temperature(temperature),
+            tis_cap,
+            self.layout,
         )
 
     @property
@@ -157,10 +92,10 @@ class SegmentFns:
         c = self.cfg
         shape = (c.num_hidden_layers, 1, slots, c.num_key_value_heads, c.head_dim)
         return Trajectory(
-            k=jnp.zeros(shape, self.cache_dtype),
-            v=jnp.zeros(shape, self.cache_dtype),
-            dk=jnp.zeros(shape, jnp.float32),
-            dv=jnp.zeros(shape, jnp.float32),
+            k=self._zeros(shape, self.cache_dtype),
+            v=self._zeros(shape, self.cache_dtype),
+            dk=self._zeros(shape, jnp.float32),
+            dv=self._zeros(shape, jnp.float32),
             length=0,
             pending=-1,
             segments=(),
@@ -174,12 +109,19 @@ class SegmentFns:
         the prefix's owner.
         """
         return prefix._replace(
-            k=jnp.copy(prefix.k),
-            v=jnp.copy(prefix.v),
-            dk=jnp.zeros_like(prefix.dk),
-            dv=jnp.zeros_like(prefix.dv),
+            k=self._on_cache(jnp.copy(prefix.k)),
+            v=self._on_cache(jnp.copy(prefix.v)),
+            dk=self._zeros(prefix.dk.shape, prefix.dk.dtype),
+            dv=self._zeros(prefix.dv.shape, prefix.dv.dtype),
             shared=len(prefix.segments),
         )
+
+    def _zeros(self, shape, dtype) -> jax.Array:
+        return jnp.zeros(shape, dtype, device=self.layout.cache)
+
+    def _on_cache(self, x: jax.Array) -> jax.Array:
+        """`x` laid out as a cache (eager ops such as pad or copy may not keep the layout)."""
+        return self.layout.place(x, self.layout.cache)
 
     def _grown(self, traj: Trajectory, needed: int) -> Trajectory:
         if needed <= traj.capacity:
@@ -187,10 +129,10 @@ class SegmentFns:
         slots = buckets.bucket_length(needed, self.cache_buckets)
         pad = ((0, 0), (0, 0), (0, slots - traj.capacity), (0, 0), (0, 0))
         return traj._replace(
-            k=jnp.pad(traj.k, pad),
-            v=jnp.pad(traj.v, pad),
-            dk=jnp.pad(traj.dk, pad),
-            dv=jnp.pad(traj.dv, pad),
+            k=self._on_cache(jnp.pad(traj.k, pad)),
+            v=self._on_cache(jnp.pad(traj.v, pad)),
+            dk=self._on_cache(jnp.pad(traj.dk, pad)),
+            dv=self._on_cache(jnp.pad(traj.dv, pad)),
         )
 
     def _past_slots(self, start: int) -> int:
@@ -201,12 +143,13 @@ class SegmentFns:
         """A segment padded to its length bucket (padding is never attended to or scored)."""
         t_pad = buckets.bucket_length(max(len(inputs), 2), self.seg_buckets)
         pad = (0, t_pad - len(inputs))
-        return segment_programs.SegmentInputs(
+        seg = segment_programs.SegmentInputs(
             start=np.int32(start),  # host scalar: no eager device op per call
             inputs=np.pad(inputs, pad, constant_values=self.pad_id),
             targets=np.pad(targets, pad, constant_values=self.pad_id),
             real=np.pad(np.ones(len(inputs), bool), pad),
         )
+        return self.layout.place(seg, self.layout.replicated)  # one transfer on a mesh
 
     # ---- passes ---------------------------------------------------------------------------
 
@@ -272,14 +215,17 @@ class SegmentFns:
             grad, dk, dv = None, traj.dk, traj.dv
         else:
             distill = teacher_logprobs is not None
+            per_token = (
+                np.pad(mask, pad),
+                np.pad(side, pad),
+                np.pad(engine, pad, constant_values=np.nan),
+            )
             grad, k, v, dk, dv, logp, w, gap = self.programs.direct(
                 params,
                 base_params,
                 (traj.k, traj.v, traj.dk, traj.dv),
                 seg,
-                np.pad(mask, pad),
-                np.pad(side, pad),
-                np.pad(engine, pad, constant_values=np.nan),
+                *self.layout.place(per_token, self.layout.replicated),
                 distill=distill,
                 past_slots=self._past_slots(traj.length),
             )
@@ -314,7 +260,7 @@ class SegmentFns:
             raise ValueError("a LoRA segment pass needs base_params (the frozen model)")
         owned = traj.segments[traj.shared :]
         sweep = owned if consumed else owned[:-1]
-        total = _tree_zeros(params) if sweep else None
+        total = self.programs.zeros(params) if sweep else None
         dk, dv = traj.dk, traj.dv
         for segment in _sweep_blocks(sweep, self.seg_buckets[-1]):
             seg = self._padded(segment.start, segment.inputs, np.zeros_like(segment.inputs))
@@ -382,6 +328,8 @@ def make_segment_fns(
     cache_dtype: Any = jnp.float32,
     pad_id: int = 0,
     tis_cap: float = 0.0,
+    mesh: Any = None,
+    grad_shardings: Any = None,
 ) -> SegmentFns:
     """Builds the segment passes for a Qwen3 structure (`nnx.split(model, nnx.Param)[0]`).
 
@@ -397,6 +345,9 @@ def make_segment_fns(
       pad_id: token written into padding (never attended to, never scored).
       tis_cap: > 0 weights each scored token by min(π_learner / π_engine, tis_cap) (detached;
         the engine log-probs given to `score`); 0 = off.
+      mesh: the learner mesh ("fsdp", "tp"); None = one device. With it, caches, inputs and
+        gradients get fixed shardings (`segment_layout.py`).
+      grad_shardings: with a mesh, the trainable params' NamedShardings.
     """
     passes = (seg_buckets, cache_buckets, remat, lora, temperature, cache_dtype, pad_id, tis_cap)
-    return SegmentFns(graphdef, cfg, *passes)
+    return SegmentFns(graphdef, cfg, *passes, mesh=mesh, grad_shardings=grad_shardings)

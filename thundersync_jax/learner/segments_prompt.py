@@ -85,7 +85,7 @@ def open_group(
     prefix, _ = fns.score(
         params, fns.open(capacity or len(prompt)), prompt, base_params=base_params
     )
-    zeros = jnp.zeros(prefix.dk.shape, jnp.float32)
+    zeros = jnp.zeros(prefix.dk.shape, jnp.float32, device=fns.layout.cache)
     return PromptGroup(prefix, (zeros, zeros), (zeros, zeros))
 
 
