@@ -23,6 +23,9 @@ token is `pending` until the next segment (or never, if the trajectory ends ther
 
 Shapes are padded to buckets (segment length, cache capacity) so compilations stay bounded;
 padded keys are masked out exactly (their attention weight is exactly 0).
+
+On the learner mesh (`mesh=`, `grad_shardings=`) the caches, segment inputs and gradients have
+fixed shardings (`segment_layout.py`): KV heads over "tp", gradients laid out like the params.
 """
 
 from __future__ import annotations
