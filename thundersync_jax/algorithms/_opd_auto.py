@@ -249,9 +249,7 @@ def choose(state: AutoState | None, schedule: str | schedules.Schedule) -> Choic
         kinds = {k[0] for k in _calls_of(state.trace, g, b)}
         if not kinds <= set(cost.fits):
             return Choice(g, None, f"explore: {g} needs untimed {sorted(kinds - set(cost.fits))}")
-    predicted = {
-        g: sim.simulate_opd(state.trace, schedule, cost, g).step_time_s for g in sim.GRANULARITIES
-    }
+    predicted = sim.step_time_by_granularity(state.trace, schedule, cost)
     best = min(sim.GRANULARITIES, key=predicted.__getitem__)  # sim.best_granularity's order
     return Choice(best, predicted, "predicted")
 

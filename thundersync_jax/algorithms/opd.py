@@ -169,9 +169,13 @@ def batch_learner(
     def traced() -> int:
         return compiles() + add_traces[0]
 
-    def timed(state: OpdState, key, kind: str, start: tuple, chunk: int) -> OpdState:
-        """The state with one call timed from `start` = (perf_counter, `traced()`) on."""
-        if state.record is None:
+    def clock(state: OpdState) -> tuple | None:
+        """(perf_counter, `traced()`) under `auto`; None otherwise (nothing is timed)."""
+        return None if state.record is None else (time.perf_counter(), traced())
+
+    def timed(state: OpdState, key, kind: str, start: tuple | None, chunk: int) -> OpdState:
+        """The state with one call timed from `start` = `clock(state)` on."""
+        if start is None:
             return state
         seconds, compiled = time.perf_counter() - start[0], traced() != start[1]
         call = _auto.CallTiming(*key, kind, seconds, chunk, compiled)
@@ -191,7 +195,7 @@ def batch_learner(
         acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
         gap = state.gap
         for payload in ready:
-            start = (time.perf_counter(), traced())  # `turn`: the fold syncs on its log-probs
+            start = clock(state)  # `turn`: the fold syncs on its log-probs
             traj, folded = folder.fold(state.policy, acc_state, traj, payload)
             state = timed(state, key, "fold", start, chunk)
             acc_state, tokens = folded.acc, tokens + folded.tokens
@@ -200,9 +204,9 @@ def batch_learner(
             opened[key] = traj
             peak = max(peak, sum(t.nbytes for t in opened.values()))
         if closing:
-            start = (time.perf_counter(), traced())
+            start = clock(state)
             folded = folder.close(state.policy, acc_state, traj)
-            if state.record is not None:  # `auto` only: time the close's work, not its dispatch
+            if start is not None:  # `auto` only: time the close's work, not its dispatch
                 jax.block_until_ready(folded.acc)
             state = timed(state, key, "close", start, chunk)
             acc_state, tokens = folded.acc, tokens + folded.tokens

@@ -60,6 +60,7 @@ from thundersync_jax.sim._opd import (
     opd_planner,
     segment_calls,
     simulate_opd,
+    step_time_by_granularity,
     turn_item_id,
 )
 from thundersync_jax.sim._opd_trace import OpdTurn, opd_trace, trajectories, validate_opd_trace
@@ -96,6 +97,7 @@ __all__ = [
     "opd_trace",
     "segment_calls",
     "simulate_opd",
+    "step_time_by_granularity",
     "trajectories",
     "validate_opd_trace",
     "LEARNER_KINDS",

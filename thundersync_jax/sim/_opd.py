@@ -253,13 +253,24 @@ def simulate_opd(
     return step_result(schedule, span, chunks, end, peak, cost.opt_s, 0.0)
 
 
+def step_time_by_granularity(
+    trace: Sequence[OpdTurn], schedule: str | Schedule, cost: SegmentCost
+) -> dict[str, float]:
+    """Predicted step seconds of `schedule` on `trace` at every granularity."""
+    return {g: simulate_opd(trace, schedule, cost, g).step_time_s for g in GRANULARITIES}
+
+
 def best_granularity(trace: Sequence[OpdTurn], schedule: str | Schedule, cost: SegmentCost) -> str:
     """The granularity the predictor says gives `schedule` the shorter step on `trace`.
 
     Arrival times matter (under stream a `turn` learner works while tools run, a
     `trajectory` one waits for the close), so pick on the trace as it will be replayed.
     """
-    return min(GRANULARITIES, key=lambda g: simulate_opd(trace, schedule, cost, g).step_time_s)
+    return _shortest(step_time_by_granularity(trace, schedule, cost))
+
+
+def _shortest(step_times: Mapping[str, float]) -> str:
+    return min(GRANULARITIES, key=step_times.__getitem__)  # ties: GRANULARITIES' order
 
 
 def balance_opd(

@@ -190,10 +190,7 @@ def _merged(base: OpdSamples, counted: OpdSamples) -> OpdSamples:
 def _seed_result(trace, schedules_, gran, cost, pooled, measured, paired, grad_diffs) -> dict:
     at_start = {s: sim.simulate_opd(trace, s, cost, gran[s]) for s in schedules_}
     predicted = {s: sim.simulate_opd(trace, s, pooled, gran[s]) for s in schedules_}
-    other = {
-        s: {g: sim.simulate_opd(trace, s, pooled, g).step_time_s for g in sim.GRANULARITIES}
-        for s in schedules_
-    }
+    other = {s: sim.step_time_by_granularity(trace, s, pooled) for s in schedules_}
     turns = sim.trajectories(trace)
     out = {
         "algorithm": "opd",
