@@ -19,6 +19,9 @@ CORE = [
     "tqdm>=4.66",
     "matplotlib>=3.8",
     "tensorboardX>=2.6",
+    # published task datasets (jsonl / parquet / save_to_disk / the HF cache offline)
+    "datasets>=3.0",
+    "pyarrow>=15",
 ]
 
 EXTRAS = {
@@ -38,6 +41,8 @@ EXTRAS = {
         "nbformat>=5.10",
         "ipykernel>=6.29",
         "ruff>=0.6",
+        "import-linter>=2.1",
+        "vulture>=2.11",
         # torch is the transformers reference in tests only; pinned to the CPU
         # build (a bare `torch` pulls multi-GB CUDA wheels).
         "torch==2.13.0",
