@@ -29,10 +29,10 @@ from typing import Any
 
 import jax
 
-from thundersync_jax import algorithms, distributed, metrics
+from thundersync_jax import algorithms, distributed, gpu_node, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import agent_loop, task_families
-from thundersync_jax.learner import placement, regularizers
+from thundersync_jax.learner import regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.rollout import engine_cmd
@@ -142,7 +142,7 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
       entry_algorithm: the algorithm the calling entry point is for; a config asking for
         another is a ConfigError (None: whatever `rl.algorithm` says).
     """
-    placement.apply_learner_env(config)  # before JAX starts: its own GPUs, no 75% grab
+    gpu_node.apply_learner_env(config)  # before JAX starts: its own GPUs, no 75% grab
     algo, schedule, family = check(config, entry_algorithm)
     info = distributed.initialize(config.get("distributed"))  # before any other JAX call
     with distributed.exit_on_failure():  # a failing replica must not hang the others

@@ -15,7 +15,7 @@ from thundersync_jax import accumulators
 from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import chunks
 from thundersync_jax.learner.logprobs import TokenLogprobFn
-from thundersync_jax.rollout.logprob_gap import GapTally
+from thundersync_jax.losses.logprob_gap import GapTally
 from thundersync_jax.rollout.staleness import StalePolicyError
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from thundersync_jax.learner import chunks
-from thundersync_jax.learner.logprobs import TokenLogprobFn, policy_objective
+from thundersync_jax.learner.logprobs import TokenLogprobFn
+from thundersync_jax.losses.logprob_gap import policy_objective
 
 CAP = 1.5
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from configs import b200, cpu, h200, terminal_opd_cpu
-from thundersync_jax.learner import placement
+from thundersync_jax import gpu_node
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.rollout import server as rollout_server
@@ -52,7 +52,7 @@ def test_engine_command_line_and_placement(tmp_path, name, module, variant):
     owned = [p.gpus for p in spec.placements]
     assert all(len(g) == node.rollout_tp for g in owned)
     flat = [g for gpus in owned for g in gpus]
-    learner = placement.learner_gpu_ids(config)
+    learner = gpu_node.learner_gpu_ids(config)
     assert len(set(flat)) == len(flat) == node.rollout_gpus  # each GPU to one engine
     assert not set(flat) & set(learner) and len(learner) == config.mesh.fsdp * config.mesh.tp
     assert max(flat + list(learner)) < node.num_gpus
@@ -65,7 +65,7 @@ def test_h200_full_gives_three_engines_one_gpu_each(tmp_path):
     config = h200.get_config("full")
     gpus = [p.gpus for p in engine_cmd.placements(config)]
     assert gpus == [(0,), (1,), (2,)]
-    assert placement.learner_gpu_ids(config) == (3, 4, 5, 6, 7)
+    assert gpu_node.learner_gpu_ids(config) == (3, 4, 5, 6, 7)
 
 
 def test_bad_engine_settings_are_refused_with_the_values(tmp_path):
@@ -132,7 +132,7 @@ def test_teacher_engines_take_the_gpus_after_the_rollout_ones():
     )
     assert [p.gpus for p in spec.placements] == [(2,), (3,)]
     assert [p.gpus for p in engine_cmd.placements(config)] == [(0, 1)]
-    assert placement.learner_gpu_ids(config) == (4, 5, 6, 7)
+    assert gpu_node.learner_gpu_ids(config) == (4, 5, 6, 7)
     # A JAX teacher runs on its GPU (no JAX_PLATFORMS=cpu) and takes only its memory fraction.
     fraction = f"{config.node.rollout_memory_fraction:.2f}"
     for env, gpu in zip(spec.envs, "23", strict=True):

@@ -12,6 +12,7 @@ See DESIGN §2 for the math and `reference` for a float64 batch-synchronous orac
 from thundersync_jax.accumulators import reference
 from thundersync_jax.accumulators._advantages import (
     advantage_names,
+    affine_coefficients,
     register_advantage,
 )
 from thundersync_jax.accumulators._batch_totals import (
@@ -37,6 +38,7 @@ from thundersync_jax.accumulators._opd import DirectAccumulator, DirectState, op
 __all__ = [
     "CombinedAccumulator",
     "CombinedState",
+    "affine_coefficients",
     "DirectAccumulator",
     "DirectState",
     "GroupAccumulator",

@@ -34,7 +34,7 @@ from thundersync_jax.algorithms.base import (
     verifier_failure,
 )
 from thundersync_jax.learner import segments_prompt
-from thundersync_jax.rollout.logprob_gap import GapTally
+from thundersync_jax.losses.logprob_gap import GapTally
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from flax import nnx
 
 from thundersync_jax.algorithms.base import LearnerSetup
 from thundersync_jax.learner import chunks, regularizers, segments
-from thundersync_jax.rollout import logprob_gap
+from thundersync_jax.losses import logprob_gap
 
 
 def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:

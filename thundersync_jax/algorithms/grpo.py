@@ -33,7 +33,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
     verifier_failure,
 )
-from thundersync_jax.rollout.logprob_gap import GapTally
+from thundersync_jax.losses.logprob_gap import GapTally
 from thundersync_jax.schedule import config_check
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem

@@ -58,7 +58,7 @@ from thundersync_jax.algorithms.base import (
     tally_metrics,
 )
 from thundersync_jax.learner.logprobs import TokenLogprobFn
-from thundersync_jax.rollout.logprob_gap import GapTally
+from thundersync_jax.losses.logprob_gap import GapTally
 from thundersync_jax.schedule import config_check, schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem

@@ -24,7 +24,8 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from thundersync_jax import losses
-from thundersync_jax.learner import buckets, logprobs
+from thundersync_jax.learner import buckets
+from thundersync_jax.losses import logprob_gap
 from thundersync_jax.models import lora
 
 
@@ -40,12 +41,14 @@ def _weighted_logprob_sum(
     """(Σ w·m·log π(tokens[:, t] | tokens[:, <t]), engine gap sums); position 0 is never scored.
 
     With `engine_logprobs` the same forward also gives the engine/learner gap sums and, with
-    `tis_cap` > 0, each token's truncated importance weight (`logprobs.policy_objective`).
+    `tis_cap` > 0, each token's truncated importance weight (`losses.logprob_gap.policy_objective`).
     """
     logits = tempered(model(tokens[:, :-1]), temperature)  # [B, T-1, V]: t-1 predicts t
     logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1] float32
     engine = None if engine_logprobs is None else engine_logprobs[:, 1:]
-    return logprobs.policy_objective(logp, loss_mask[:, 1:], token_weights[:, 1:], engine, tis_cap)
+    return logprob_gap.policy_objective(
+        logp, loss_mask[:, 1:], token_weights[:, 1:], engine, tis_cap
+    )
 
 
 def tempered(logits: Float[Array, "B T V"], temperature: float) -> Float[Array, "B T V"]:
@@ -193,7 +196,7 @@ class ScoreGradFn:
 
         `engine_logprobs` [B, T] is aligned with `tokens` (entry t: the engine's log π of
         token t; NaN where the engine gave none; None = none at all). From the same forward as
-        h, `gap` holds the chunk's engine/learner gap sums (`rollout.logprob_gap.gap_sums`:
+        h, `gap` holds the chunk's engine/learner gap sums (`losses.logprob_gap.gap_sums`:
         device scalars), and with `tis_cap` > 0 every scored token's term is weighted by
         min(π_learner / π_engine, tis_cap), detached: h = Σ w·m·ρ·∇ log π.
         """

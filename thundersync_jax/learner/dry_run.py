@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from thundersync_jax import gpu_node
 from thundersync_jax.learner import buckets, chunks, memory, model_state
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
@@ -47,8 +48,6 @@ def use_fake_cpu_devices(count: int) -> None:
     XLA reads the device-count flag once, when the first backend starts; after that the only
     way to change it is a fresh process with the flag in its environment.
     """
-    from jax._src import xla_bridge
-
     given = os.environ.get("XLA_FLAGS", "").split()
     # A larger fake-device count already asked for (e.g. 8) is kept; the mesh takes the first.
     counts = [int(f.split("=")[1]) for f in given if f.startswith(_DEVICE_FLAG + "=")]
@@ -56,7 +55,7 @@ def use_fake_cpu_devices(count: int) -> None:
     ours = (_DEVICE_FLAG, *(f.split("=")[0] for f in _COMPILE_ONLY_FLAGS))
     flags = [f for f in given if f.split("=")[0] not in ours]
     wanted = " ".join([*flags, f"{_DEVICE_FLAG}={count}", *_COMPILE_ONLY_FLAGS])
-    if xla_bridge.backends_are_initialized():
+    if gpu_node.backends_started():
         if jax.default_backend() == "cpu" and len(jax.devices()) >= count:
             return
         env = dict(os.environ, XLA_FLAGS=wanted, JAX_PLATFORMS="cpu")

@@ -1,19 +1,17 @@
-"""The learner's own token log-probs, and what the score-gradient objective makes of them.
+"""The learner's own token log-probs.
 
 DESIGN §2: log-probs come from the learner's forward at the batch's parameters, never from the
 sampler. `TokenLogprobFn` shares a score-gradient function's model structure, LoRA mode,
 padding token, temperature and sequence buckets, and pads exactly as it does, so the log-probs
 are those of the forward the gradient is taken through (OPD's advantages are built from them).
 
-`policy_objective` is the objective inside every score-gradient chunk: Σ w·m·log π, and, given
-the engine's log-probs of the same tokens, the engine/learner gap sums of that same forward
-(aux outputs, `rollout.logprob_gap.gap_sums`) and optionally the truncated importance weight
-min(π_learner / π_engine, cap) on each token (detached, so it streams exactly like w).
+The objective inside every score-gradient chunk, Σ w·m·ρ·log π with its engine/learner gap
+sums, is `losses.logprob_gap.policy_objective`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,39 +20,8 @@ from flax import nnx
 
 from thundersync_jax import losses
 from thundersync_jax.learner import buckets, chunks
+from thundersync_jax.learner.chunks import ScoreGradFn
 from thundersync_jax.models import lora
-from thundersync_jax.rollout import logprob_gap
-
-if TYPE_CHECKING:  # chunks imports this module (for policy_objective)
-    from thundersync_jax.learner.chunks import ScoreGradFn
-
-
-def policy_objective(
-    logp: jax.Array,
-    loss_mask: jax.Array,
-    token_weights: jax.Array,
-    engine_logprobs: jax.Array | None = None,
-    tis_cap: float = 0.0,
-) -> tuple[jax.Array, dict]:
-    """(Σ w·m·ρ·log π, gap sums) over [B, T'] aligned arrays (position t scores token t).
-
-    Args:
-      logp: the learner's log π of each scored token (carries the gradient).
-      loss_mask / token_weights: the chunk's mask and per-token weights.
-      engine_logprobs: the engine's log-probs of the same tokens (NaN where it gave none), or
-        None: then the objective is exactly Σ w·m·log π and the gap sums are {}.
-      tis_cap: > 0 multiplies each token by ρ = min(π_learner / π_engine, tis_cap), detached
-        (truncated importance sampling, DESIGN §2); 0 = ρ ≡ 1.
-    """
-    weights = loss_mask * token_weights
-    if engine_logprobs is None:
-        if tis_cap:
-            raise ValueError("tis_cap > 0 needs the engine's log-probs of the chunk's tokens")
-        return jnp.sum(logp * weights), {}
-    gap = logprob_gap.gap_sums(engine_logprobs, logp, loss_mask > 0)
-    if tis_cap:
-        weights = weights * logprob_gap.truncated_importance_weight(logp, engine_logprobs, tis_cap)
-    return jnp.sum(logp * weights), gap
 
 
 class TokenLogprobFn:

@@ -4,7 +4,7 @@
     rows = batch_sharding(mesh)                  # chunk rows split over "fsdp"
 
 The mesh takes the first fsdp·tp local devices. On a GPU node the learner process only
-sees its own GPUs (`placement.learner_env` sets CUDA_VISIBLE_DEVICES from `config.node`),
+sees its own GPUs (`gpu_node.learner_env` sets CUDA_VISIBLE_DEVICES from `config.node`),
 so there the sizes use every device; under tests, 8 fake CPU devices host meshes of any
 size up to 8. Multi-process runs (issue 15) add a leading "dp" axis across processes over
 this per-process mesh; nothing here assumes a single process beyond `jax.local_devices()`.

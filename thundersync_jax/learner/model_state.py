@@ -30,7 +30,6 @@ from jax.sharding import Mesh, NamedSharding
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
 from thundersync_jax.models import qwen3, sharding
-from thundersync_jax.models.qwen3 import _shards
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ def _initial_params(config, cfg, graphdef, shardings, warm_model) -> Any:
         return jax.jit(cast, out_shardings=shardings)(nnx.split(warm_model, nnx.Param)[1])
     path = str(config.model.get("checkpoint", "") or "")
     if path:
-        return _shards.load_sharded_params(path, cfg, shardings, param_dtype)
+        return qwen3.load_sharded_params(path, cfg, shardings, param_dtype)
     seed, dtype = int(config.seed), jnp.dtype(config.model.dtype)
 
     def init():

@@ -2,8 +2,9 @@
 
 The direct pass takes the engine's log-probs of the segment's targets (NaN where none): from
 its own forward it gives the engine/learner gap sums and, with `tis_cap` > 0, weights each
-scored token by min(π_learner / π_engine, tis_cap), detached (`logprobs.policy_objective`), so
-the cotangents buffered for the sweep carry the weight too.
+scored token by min(π_learner / π_engine, tis_cap), detached
+(`losses.logprob_gap.policy_objective`), so the cotangents buffered for the sweep carry the
+weight too.
 
 Each is a pure function of (params, caches, one padded segment); every program compiles once
 per (segment bucket, cache capacity) pair, and `Programs.compiles` counts the traces. Cache and
@@ -22,9 +23,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from thundersync_jax import losses
-from thundersync_jax.learner import chunks, logprobs, segment_layout
-from thundersync_jax.models import lora
-from thundersync_jax.models.qwen3 import _segment
+from thundersync_jax.learner import chunks, segment_layout
+from thundersync_jax.losses import logprob_gap
+from thundersync_jax.models import lora, qwen3
 
 
 class SegmentInputs(NamedTuple):
@@ -122,7 +123,7 @@ class Programs:
         t = seg.inputs.shape[0]
         positions = (seg.start + jnp.arange(t, dtype=jnp.int32))[None]
         valid = (jnp.arange(past_k.shape[2]) < seg.start)[None]  # [1, S]: older slots only
-        out = _segment.segment_hidden_states(
+        out = qwen3.segment_hidden_states(
             model, seg.inputs[None], positions, seg.real[None], past_k, past_v, valid
         )
         return model, out
@@ -153,7 +154,7 @@ class Programs:
             logp = losses.token_logprobs(logits, seg.targets[None])[0]  # [T] float32
             # Â_t = log π_T − log π_s (distill), a number: no gradient through it.
             token_weights = jax.lax.stop_gradient(side - logp) if distill else side
-            value, gap = logprobs.policy_objective(
+            value, gap = logprob_gap.policy_objective(
                 logp, loss_mask, token_weights, engine, self.tis_cap
             )
             return value, (logp, token_weights * loss_mask, gap, out.k, out.v)

@@ -69,7 +69,7 @@ class SegmentResult(NamedTuple):
       student_logprobs: float32 [n] log π(o_t | o_<t) of the new tokens (0 where no context).
       weights: float32 [n] the per-token weights (OPD: Â_t on scored tokens, else 0), before
         the truncated importance weight.
-      gap: the engine/learner gap sums of the scored tokens (`rollout.logprob_gap.gap_sums`,
+      gap: the engine/learner gap sums of the scored tokens (`losses.logprob_gap.gap_sums`,
         device scalars), or None when nothing was scored.
     """
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from thundersync_jax.accumulators._advantages import affine_coefficients
+from thundersync_jax.accumulators import affine_coefficients
 from thundersync_jax.learner.segments import SegmentFns, Trajectory
 
 log = logging.getLogger(__name__)

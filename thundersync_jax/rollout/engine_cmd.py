@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from thundersync_jax.gpu_node import node_gpus
 from thundersync_jax.rollout import load_probe
 from thundersync_jax.rollout import server as rollout_server
 
@@ -127,29 +128,6 @@ def placements(config: Any, role: str = "rollout") -> list[Placement]:
         Placement(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction, jax_on_gpu)
         for i in range(num)
     ]
-
-
-def node_gpus(config: Any) -> dict[str, range] | None:
-    """The node's GPUs of each role, in the one order: rollout, then teacher, then learner.
-
-    None without a GPU `node` (CPU configs). The learner's share is also what
-    `learner.placement` makes visible to the learner process.
-    """
-    node = config.get("node")
-    if node is None or int(node.get("num_gpus", 0)) == 0:
-        return None
-    total, rollout = int(node.num_gpus), int(node.rollout_gpus)
-    teacher, learner = int(node.get("teacher_gpus", 0)), int(node.learner_gpus)
-    if min(rollout, teacher, learner) < 0 or rollout + teacher + learner > total:
-        raise ValueError(
-            f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
-            f"> num_gpus {total} (or one is negative)"
-        )
-    return {
-        "rollout": range(0, rollout),
-        "teacher": range(rollout, rollout + teacher),
-        "learner": range(rollout + teacher, rollout + teacher + learner),
-    }
 
 
 def engine_python(config: Any) -> str:

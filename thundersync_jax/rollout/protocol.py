@@ -88,7 +88,7 @@ class GenerateResult:
       tokens: sampled tokens (a stop token, when hit, is included).
       logprobs: log π(token) under the sampling distribution's model logits, one per token;
         NaN for a token whose log-prob the engine cannot report (the learner then leaves it
-        out of `engine_logprob_gap_*` and gives it importance weight 1, `rollout.logprob_gap`).
+        out of `engine_logprob_gap_*` and gives it importance weight 1, `losses.logprob_gap`).
       finish_reason: "stop" (stop token), "length" (max_new_tokens or cache full) or "error".
       policy_version: version of the weights loaded when the request was sampled (-1 = initial).
       error: what went wrong when finish_reason == "error", else None.

@@ -10,7 +10,7 @@ by configuration, so they are refused here with the offending key named.
 from __future__ import annotations
 
 from thundersync_jax.envs import task_families
-from thundersync_jax.rollout import logprob_gap
+from thundersync_jax.losses import logprob_gap
 from thundersync_jax.schedule import schedules
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "batch")

@@ -27,7 +27,7 @@ from thundersync_jax.learner import buckets, chunks
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import qwen3
 from thundersync_jax.schedule.planner import WorkItem
-from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim import CostModel
 
 PAD_ID = 0
 

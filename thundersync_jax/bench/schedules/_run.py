@@ -45,7 +45,7 @@ from thundersync_jax.bench.schedules._replay import (
     schedule_summary,
 )
 from thundersync_jax.schedule import schedules
-from thundersync_jax.sim._cost import CostModel
+from thundersync_jax.sim import CostModel
 
 log = logging.getLogger(__name__)
 

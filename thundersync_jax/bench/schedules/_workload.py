@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from thundersync_jax.schedule.planner import WorkItem
-from thundersync_jax.sim._trace import Arrival, lognormal_trace, read_trace, split_steps
+from thundersync_jax.sim import Arrival, lognormal_trace, read_trace, split_steps
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,8 @@ from thundersync_jax.models.qwen3._modules import (
     apply_rope,
 )
 from thundersync_jax.models.qwen3._random import random_state_dict
+from thundersync_jax.models.qwen3._segment import SegmentOutput, segment_hidden_states
+from thundersync_jax.models.qwen3._shards import load_sharded_params
 
 __all__ = [
     "MLP",
@@ -39,15 +41,18 @@ __all__ = [
     "Qwen3",
     "Qwen3Config",
     "RMSNorm",
+    "SegmentOutput",
     "apply_rope",
     "from_hf_state_dict",
     "from_pretrained",
     "random_state_dict",
     "init_cache",
+    "load_sharded_params",
     "read_config",
     "read_safetensors",
     "reset_rows",
     "save_pretrained",
+    "segment_hidden_states",
     "tensor_table",
     "to_hf_state_dict",
 ]

@@ -1,7 +1,8 @@
-"""The learner process's share of a GPU node: its GPUs and XLA's memory settings.
+"""The GPU node (`config.node`): which GPUs each role owns, and the learner process's settings.
 
-On an 8-GPU node the rollout (and teacher) engines own the first GPUs and the learner the
-rest (`config.node`, same order as the engine placement in `rollout/engine_cmd.py`). JAX
+`node_gpus(config)` hands the node's GPUs out in one order: rollout engines, then teacher
+engines, then the learner (`rollout/engine_cmd.py` places the engines on theirs). On an 8-GPU
+node the rollout (and teacher) engines own the first GPUs and the learner the rest. JAX
 would otherwise see every GPU and preallocate 75% of each, including the engines' GPUs.
 `learner_env(config)` gives the environment the learner needs before JAX starts:
 
@@ -19,8 +20,6 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from thundersync_jax.rollout import engine_cmd
-
 log = logging.getLogger(__name__)
 
 ENV_KEYS = (
@@ -28,6 +27,46 @@ ENV_KEYS = (
     "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
+
+
+def node_gpus(config: Any) -> dict[str, range] | None:
+    """The node's GPUs of each role, in the one order: rollout, then teacher, then learner.
+
+    None without a GPU `node` (CPU configs). The learner's share is also what
+    `learner_env` makes visible to the learner process.
+    """
+    node = config.get("node")
+    if node is None or int(node.get("num_gpus", 0)) == 0:
+        return None
+    total, rollout = int(node.num_gpus), int(node.rollout_gpus)
+    teacher, learner = int(node.get("teacher_gpus", 0)), int(node.learner_gpus)
+    if min(rollout, teacher, learner) < 0 or rollout + teacher + learner > total:
+        raise ValueError(
+            f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
+            f"> num_gpus {total} (or one is negative)"
+        )
+    return {
+        "rollout": range(0, rollout),
+        "teacher": range(rollout, rollout + teacher),
+        "learner": range(rollout + teacher, rollout + teacher + learner),
+    }
+
+
+def backends_started() -> bool:
+    """Whether JAX has started its backends in this process (XLA read its flags already).
+
+    Public API only: `jax_num_cpu_devices` may change only before the backends start, so asking
+    to change it (and putting it back) tells which side of that moment this process is on.
+    """
+    import jax
+
+    current = jax.config.jax_num_cpu_devices
+    try:
+        jax.config.update("jax_num_cpu_devices", current + 1 if current > 0 else 1)
+    except RuntimeError:
+        return True
+    jax.config.update("jax_num_cpu_devices", current)
+    return False
 
 
 def _gpu_node(config: Any):
@@ -39,7 +78,7 @@ def _gpu_node(config: Any):
 
 def learner_gpu_ids(config: Any) -> tuple[int, ...]:
     """The node's GPUs left to the learner after the rollout and teacher GPUs; () on CPU."""
-    owned = engine_cmd.node_gpus(config)  # the one GPU order of engines and learner
+    owned = node_gpus(config)  # the one GPU order of engines and learner
     if owned is None:
         return ()
     learner = len(owned["learner"])
@@ -79,9 +118,7 @@ def apply_learner_env(
     wanted = learner_env(config)
     if not wanted or environ.get("JAX_PLATFORMS", "") == "cpu":
         return {}
-    from jax._src import xla_bridge
-
-    if xla_bridge.backends_are_initialized():
+    if backends_started():
         import jax
 
         if jax.default_backend() != "cpu":

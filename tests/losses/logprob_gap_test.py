@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from thundersync_jax.rollout import logprob_gap
+from thundersync_jax.losses import logprob_gap
 
 
 def test_gap_matches_float64_over_the_masked_tokens():

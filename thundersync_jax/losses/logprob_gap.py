@@ -159,3 +159,31 @@ def truncated_importance_weight(
     # exp of the clipped log-ratio: never overflows, and equals min(exp(Δ), cap).
     w = jnp.exp(jnp.minimum(lrn - jnp.where(known, e, lrn), jnp.log(jnp.float32(cap))))
     return jnp.where(known, w, 1.0)
+
+
+def policy_objective(
+    logp: jax.Array,
+    loss_mask: jax.Array,
+    token_weights: jax.Array,
+    engine_logprobs: jax.Array | None = None,
+    tis_cap: float = 0.0,
+) -> tuple[jax.Array, dict]:
+    """(Σ w·m·ρ·log π, gap sums) over [B, T'] aligned arrays (position t scores token t).
+
+    Args:
+      logp: the learner's log π of each scored token (carries the gradient).
+      loss_mask / token_weights: the chunk's mask and per-token weights.
+      engine_logprobs: the engine's log-probs of the same tokens (NaN where it gave none), or
+        None: then the objective is exactly Σ w·m·log π and the gap sums are {}.
+      tis_cap: > 0 multiplies each token by ρ = min(π_learner / π_engine, tis_cap), detached
+        (truncated importance sampling, DESIGN §2); 0 = ρ ≡ 1.
+    """
+    weights = loss_mask * token_weights
+    if engine_logprobs is None:
+        if tis_cap:
+            raise ValueError("tis_cap > 0 needs the engine's log-probs of the chunk's tokens")
+        return jnp.sum(logp * weights), {}
+    gap = gap_sums(engine_logprobs, logp, loss_mask > 0)
+    if tis_cap:
+        weights = weights * truncated_importance_weight(logp, engine_logprobs, tis_cap)
+    return jnp.sum(logp * weights), gap

@@ -9,9 +9,10 @@ import jax
 import pytest
 
 from configs import b200, cpu, h200, terminal_opd_cpu
-from thundersync_jax.learner import memory, placement
+from thundersync_jax import gpu_node
+from thundersync_jax.learner import memory
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GPU_CONFIGS = {
     "b200": (b200.get_config(), "4,5,6,7"),
@@ -24,7 +25,7 @@ GPU_CONFIGS = {
 @pytest.mark.parametrize("name", sorted(GPU_CONFIGS))
 def test_gpu_configs_give_the_learner_only_its_own_gpus(name):
     config, gpus = GPU_CONFIGS[name]
-    env = placement.learner_env(config)
+    env = gpu_node.learner_env(config)
     assert env["CUDA_VISIBLE_DEVICES"] == gpus
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
     # the fraction XLA takes of each own GPU is the capacity the planner budgets
@@ -37,15 +38,15 @@ def test_gpu_configs_give_the_learner_only_its_own_gpus(name):
     "config", [cpu.get_config(), cpu.get_config("smoke"), terminal_opd_cpu.get_config()]
 )
 def test_cpu_configs_set_nothing(config):
-    assert placement.learner_env(config) == {}
-    assert placement.apply_learner_env(config, environ={}) == {}
+    assert gpu_node.learner_env(config) == {}
+    assert gpu_node.apply_learner_env(config, environ={}) == {}
 
 
 def test_apply_sets_the_env_before_jax_starts_and_keeps_a_launchers_device_choice():
     code = (
-        "import json; from configs import b200; from thundersync_jax.learner import placement;"
-        "e = {}; placement.apply_learner_env(b200.get_config(), environ=e);"
-        "k = {'CUDA_VISIBLE_DEVICES': '7'}; placement.apply_learner_env(b200.get_config(), k);"
+        "import json; from configs import b200; from thundersync_jax import gpu_node;"
+        "e = {}; gpu_node.apply_learner_env(b200.get_config(), environ=e);"
+        "k = {'CUDA_VISIBLE_DEVICES': '7'}; gpu_node.apply_learner_env(b200.get_config(), k);"
         "print(json.dumps([e, k]))"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
@@ -55,24 +56,24 @@ def test_apply_sets_the_env_before_jax_starts_and_keeps_a_launchers_device_choic
     )
     assert out.returncode == 0, out.stderr[-2000:]
     fresh, launched = json.loads(out.stdout.strip().splitlines()[-1])
-    assert fresh == placement.learner_env(b200.get_config())
+    assert fresh == gpu_node.learner_env(b200.get_config())
     assert launched["CUDA_VISIBLE_DEVICES"] == "7"  # the launcher's choice stands
     assert launched["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
 
 
 def test_a_started_cpu_backend_or_forced_cpu_is_left_alone():
     jax.devices()  # this test process runs on CPU
-    assert placement.apply_learner_env(b200.get_config(), environ={}) == {}
-    assert placement.apply_learner_env(b200.get_config(), environ={"JAX_PLATFORMS": "cpu"}) == {}
+    assert gpu_node.apply_learner_env(b200.get_config(), environ={}) == {}
+    assert gpu_node.apply_learner_env(b200.get_config(), environ={"JAX_PLATFORMS": "cpu"}) == {}
 
 
 def test_mesh_that_does_not_match_the_learner_gpus_is_named():
     config = b200.get_config()
     config.mesh.tp = 2
     with pytest.raises(ValueError, match=r"fsdp=1 x tp=2 = 2 devices, but node.learner_gpus=4"):
-        placement.learner_env(config)
+        gpu_node.learner_env(config)
     config = h200.get_config("full")
     config.node.learner_gpus = 6
     config.mesh.fsdp = 6
     with pytest.raises(ValueError, match=r"learner_gpus 6 > num_gpus 8"):
-        placement.learner_env(config)
+        gpu_node.learner_env(config)
