@@ -1,8 +1,10 @@
 """Invalid config values fail before any work, naming the key and what would be valid."""
 
+import jax.numpy as jnp
 import pytest
 
 from configs import cpu
+from thundersync_jax import accumulators, train
 from thundersync_jax.schedule.config_check import ConfigError, check_config
 
 
@@ -42,3 +44,28 @@ def test_several_optimizer_steps_per_batch_refused():
     c.optim.steps_per_batch = 2
     with pytest.raises(ConfigError, match="one optimizer step per batch"):
         check_config(c)
+
+
+def _half_centered(offsets, mask, shift, *, eps, std_ddof):
+    """A = (r − μ)/2 as (scale, offset) on shifted rewards."""
+    del shift, eps, std_ddof
+    mean = jnp.sum(jnp.where(mask, offsets, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+    return jnp.float32(0.5), -0.5 * mean
+
+
+def test_registered_estimator_and_aggregation_are_accepted_by_name():
+    """Validation asks the registries: what `register_*` adds is valid in the config at once."""
+    if "config-check-half" not in accumulators.advantage_names():
+        accumulators.register_advantage("config-check-half", _half_centered, affine=True)
+    if "config-check-sum" not in accumulators.loss_agg_names():
+        accumulators.register_loss_agg(
+            "config-check-sum", lambda n: jnp.float32(1.0), lambda b, n, m: jnp.float32(1.0)
+        )
+    c = cpu.get_config()
+    c.rl.advantage = "config-check-half"
+    c.rl.loss_agg = "config-check-sum"
+    algo, schedule, family = train.check(c)  # every start-up check, as a run does them
+    assert (algo.name, schedule.name, family.name) == ("grpo", c.schedule, c.env.family)
+    c.rl.advantage = "config-check-halt"  # a typo is refused, naming the registered ones
+    with pytest.raises(ConfigError, match="config-check-half"):
+        train.check(c)

@@ -12,8 +12,8 @@ from flax import nnx
 from thundersync_jax import losses
 from thundersync_jax.models import qwen3
 from thundersync_jax.rollout.embedded import EmbeddedEngine
+from thundersync_jax.rollout.episode_scoring import EpisodeScoring
 from thundersync_jax.teacher import TeacherScorer
-from thundersync_jax.teacher._incremental import EpisodeScoring
 
 CFG = qwen3.Qwen3Config(
     vocab_size=41,
@@ -96,7 +96,7 @@ def test_invalid_turns_and_closed_scorer_are_refused(teacher):
 
 class _ServedEngine:
     """The engine with the server's episode calls wired as the rollout server wires them
-    (`teacher._incremental.EpisodeScoring` in front of the same backend), in-process."""
+    (`rollout.episode_scoring.EpisodeScoring` in front of the same backend), in-process."""
 
     def __init__(self, engine):
         self.engine = engine

@@ -32,6 +32,8 @@ from thundersync_jax.accumulators._combine import (
 )
 from thundersync_jax.accumulators._group_state import GroupState
 from thundersync_jax.accumulators._grpo import GroupAccumulator, grpo
+from thundersync_jax.accumulators._host import PLACEMENTS as TALLY_PLACEMENTS
+from thundersync_jax.accumulators._host import host_memory_kind, tally_placement
 from thundersync_jax.accumulators._loss_agg import loss_agg_names, register_loss_agg
 from thundersync_jax.accumulators._opd import DirectAccumulator, DirectState, opd
 
@@ -43,6 +45,7 @@ __all__ = [
     "DirectState",
     "GroupAccumulator",
     "GroupState",
+    "TALLY_PLACEMENTS",
     "Regularizer",
     "advantage_names",
     "batch_rewards",
@@ -50,10 +53,12 @@ __all__ = [
     "combine",
     "exact_tallies",
     "grpo",
+    "host_memory_kind",
     "loss_agg_names",
     "opd",
     "reference",
     "sum_exact_tallies",
+    "tally_placement",
     "register_advantage",
     "register_loss_agg",
     "regularizer",

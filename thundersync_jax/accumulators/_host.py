@@ -37,6 +37,12 @@ def check_placement(placement: str) -> str:
     return placement
 
 
+def tally_placement(config) -> str:
+    """Where a run's parameter-sized tallies live: its `accum.placement` ("device" or "host")."""
+    accum = config.get("accum")
+    return "device" if accum is None else str(accum.get("placement", "device"))
+
+
 def host_memory_kind(device: jax.Device | None = None) -> str:
     """`pinned_host` where `device` has it, else `unpinned_host`; ValueError if neither."""
     device = device or jax.devices()[0]

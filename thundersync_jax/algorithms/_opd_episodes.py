@@ -2,7 +2,7 @@
 
 Each sampled turn goes to the teacher (its own engine process) while the turn's tool call runs,
 keyed by its episode so the teacher scores incrementally from that episode's own KV cache
-(`teacher._incremental`: only the new tokens are forwarded); the cache is released when the
+(`rollout.episode_scoring`: only the new tokens are forwarded); the cache is released when the
 episode ends or fails. Once scored the turn is a `WorkItem` with a `TurnPayload`.
 """
 

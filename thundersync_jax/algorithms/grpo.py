@@ -176,7 +176,7 @@ def accumulator(config) -> Any:
         max_open_groups=rl.max_open_groups or None,
         # Exactly associative tallies: the same bits whatever the arrival order (DESIGN §8).
         deterministic=bool(rl.get("deterministic", False)),
-        placement=config_check.placement(config),
+        placement=accumulators.tally_placement(config),
     )
 
 
@@ -198,7 +198,7 @@ def _finish(k: int, m: int, traj, arrival_s: float) -> WorkItem:
 
 
 def _check_config(config) -> None:
-    if config_check.placement(config) == "host" and config.rl.get("deterministic", False):
+    if accumulators.tally_placement(config) == "host" and config.rl.get("deterministic", False):
         raise config_check.ConfigError(
             "accum.placement='host' keeps float32 tallies, but rl.deterministic=True needs the "
             "exact int32-limb tallies on the device: use accum.placement='device'"

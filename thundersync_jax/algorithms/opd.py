@@ -59,7 +59,7 @@ from thundersync_jax.algorithms.base import (
 )
 from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.losses.logprob_gap import GapTally
-from thundersync_jax.schedule import config_check, schedules
+from thundersync_jax.schedule import schedules
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem
 
@@ -354,7 +354,7 @@ def check_config(config) -> None:
         _trajs.check_granularity(config.rl.get("opd_granularity", "turn"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if config_check.placement(config) == "host":
+    if accumulators.tally_placement(config) == "host":
         raise ConfigError(
             "accum.placement='host' moves GRPO's per-open-group tallies to host memory; OPD "
             "keeps one global tally and no per-group ones: use accum.placement='device'"

@@ -128,7 +128,7 @@ def run(hidden, layers, num_groups, group_size, tokens, repeats) -> dict:
     num_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
     return dict(
         num_params=num_params,
-        host_memory_kind=accumulators._host.host_memory_kind(),
+        host_memory_kind=accumulators.host_memory_kind(),
         chunks_per_mode=len(chunk_s["device"]),
         chunk_ms={p: 1e3 * statistics.median(chunk_s[p]) for p in PLACEMENTS},
         drain_ms={p: 1e3 * statistics.median(drain_s[p]) for p in PLACEMENTS},

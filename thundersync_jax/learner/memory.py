@@ -38,9 +38,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from thundersync_jax import accumulators
 from thundersync_jax.learner import buckets
 from thundersync_jax.models import qwen3, sharding
-from thundersync_jax.schedule import config_check, schedules
+from thundersync_jax.schedule import schedules
 
 GB = 1e9
 _F32 = 4
@@ -292,7 +293,7 @@ def plan(config: Any) -> MemoryPlan:
     else:
         trainable, trainable_local, merged = total, params_local, 0
     open_tallies = 2 * open_groups_kept(config)
-    placement = config_check.placement(config)
+    placement = accumulators.tally_placement(config)
     tally_bytes = (1 + open_tallies) * trainable_local * _F32
     chunk_tokens = buckets.bucket_length(
         int(config.rollout.max_traj_tokens), config.learner.seq_buckets

@@ -9,7 +9,7 @@ Operations a client sends (each a msgpack map with an ``op`` field, see `wire`):
     score         {"call_id", "tokens": [...]}   -> reply {"logprobs": [array...]}
     score_turns   {"call_id", "turns": [{"episode", "tokens", "start", "end"}...]}
                   -> reply {"logprobs": [array...]}: incremental, from the process's own
-                  per-episode KV cache (teacher._incremental; only new tokens are forwarded)
+                  per-episode KV cache (rollout.episode_scoring; only new tokens are forwarded)
     release_episodes {"call_id", "episodes": [...]} -> reply {"open"}: frees their caches
     health        {"call_id"}                    -> reply {"version", "active", "queued", ...}
     shutdown      {"call_id"}                    -> reply {}, then the server exits

@@ -71,7 +71,7 @@ class RolloutServer:
         self._held: list[GenerateRequest] = []  # arrived after a pending load_weights
         self._loads: list[tuple[bytes, Any, str, int, dict | None]] = []
         self._refusing: str | None = None  # why sampling is refused (a load failed its probe)
-        from thundersync_jax.teacher import EpisodeScoring  # JAX-side, lazily
+        from thundersync_jax.rollout.episode_scoring import EpisodeScoring  # JAX-side, lazily
 
         self._episodes = EpisodeScoring(backend)  # incremental teacher scoring, per episode
         self._running = True

@@ -9,14 +9,11 @@ by configuration, so they are refused here with the offending key named.
 
 from __future__ import annotations
 
+from thundersync_jax import accumulators
 from thundersync_jax.envs import task_families
 from thundersync_jax.losses import logprob_gap
+from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.schedule import schedules
-
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "batch")
-LOSS_AGGS = ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean", "seq-mean-token-sum-norm")
-ENGINES = ("embedded", "vllm")
-PLACEMENTS = ("device", "host")  # where accumulator tallies live (`accumulators._host`)
 
 
 class ConfigError(ValueError):
@@ -42,23 +39,32 @@ def _registered(lookup, name):
         raise ConfigError(str(e)) from None
 
 
-def placement(c) -> str:
-    """`accum.placement` of a run config ("device" when the config has no `accum` section)."""
-    accum = c.get("accum")
-    return "device" if accum is None else str(accum.get("placement", "device"))
-
-
 def check_config(c) -> None:
     """Raises ConfigError naming the first bad value; returns None when the config is usable.
 
-    The algorithm's own checks (`algorithms.get(name).check_config`) come on top (the
-    training loop runs both).
+    Names are checked against the registries (schedules, advantage estimators, loss
+    aggregations, engines, task families), so whatever is registered is accepted. The
+    algorithm's own checks (`algorithms.get(name).check_config`) come on top (`train.check`
+    runs both).
     """
     _registered(schedules.get, c.schedule)
     _positive("num_steps", c.num_steps, allow_zero=True)
+    _check_rl(c)
+    _check_optim(c)
+    _check_rollout(c)
+    _check_env(c)
+    _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
+    _positive("checkpoint.keep", c.checkpoint.keep)
+    _positive("sft.steps", c.sft.steps, allow_zero=True)
+    if c.lora.enabled:
+        _positive("lora.rank", c.lora.rank)
+        _choice("lora.publish", c.lora.publish, ("adapters", "merged"))
+
+
+def _check_rl(c) -> None:
     if not callable(c.rl.advantage):
-        _choice("rl.advantage", c.rl.advantage, ADVANTAGES)
-    _choice("rl.loss_agg", c.rl.loss_agg, LOSS_AGGS)
+        _choice("rl.advantage", c.rl.advantage, accumulators.advantage_names())
+    _choice("rl.loss_agg", c.rl.loss_agg, accumulators.loss_agg_names())
     _positive("rl.num_groups", c.rl.num_groups)
     _positive("rl.group_size", c.rl.group_size)
     _positive("rl.eps", c.rl.eps)
@@ -68,7 +74,7 @@ def check_config(c) -> None:
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
-    _choice("accum.placement", placement(c), PLACEMENTS)
+    _choice("accum.placement", accumulators.tally_placement(c), accumulators.TALLY_PLACEMENTS)
     try:
         # Every path that scores sampled tokens applies it: the score-gradient chunk, OPD's
         # per-turn segments and GRPO's shared-prompt members (their direct passes).
@@ -77,6 +83,13 @@ def check_config(c) -> None:
         raise ConfigError(str(e)) from None
     if not isinstance(c.rl.get("deterministic", False), bool):
         raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
+    if c.rl.loss_agg == "seq-mean-token-sum-norm" and not (
+        c.rl.max_len or c.rollout.max_traj_tokens
+    ):
+        raise ConfigError("rl.loss_agg=seq-mean-token-sum-norm needs rl.max_len > 0")
+
+
+def _check_optim(c) -> None:
     # One optimizer step per batch is what makes streaming exact.
     if c.get("optim") is not None and c.optim.get("steps_per_batch", 1) != 1:
         raise ConfigError(
@@ -87,7 +100,10 @@ def check_config(c) -> None:
     _positive("optim.max_grad_norm", c.optim.max_grad_norm, allow_zero=True)
     _positive("optim.warmup_steps", c.optim.get("warmup_steps", 0), allow_zero=True)
     _positive("optim.decay_steps", c.optim.get("decay_steps", 0), allow_zero=True)
-    _choice("rollout.engine", c.rollout.engine, ENGINES)
+
+
+def _check_rollout(c) -> None:
+    _choice("rollout.engine", c.rollout.engine, engine_cmd.ENGINES)
     _positive("rollout.num_engines", c.rollout.num_engines)
     _positive("rollout.max_batch", c.rollout.max_batch)
     _positive("rollout.temperature", c.rollout.temperature)
@@ -115,10 +131,10 @@ def check_config(c) -> None:
             f"learner.seq_buckets={tuple(c.learner.seq_buckets)} must reach "
             f"rollout.max_traj_tokens={c.rollout.max_traj_tokens}"
         )
-    if c.rl.loss_agg == "seq-mean-token-sum-norm" and not (
-        c.rl.max_len or c.rollout.max_traj_tokens
-    ):
-        raise ConfigError("rl.loss_agg=seq-mean-token-sum-norm needs rl.max_len > 0")
+
+
+
+def _check_env(c) -> None:
     family = _registered(task_families.get, c.env.family)
     try:
         family.check(c)
@@ -127,9 +143,3 @@ def check_config(c) -> None:
     _positive("env.num_tasks", c.env.num_tasks)
     _positive("env.sandbox_timeout_s", c.env.sandbox_timeout_s)
     _positive("env.sandbox_memory_mb", c.env.sandbox_memory_mb)
-    _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
-    _positive("checkpoint.keep", c.checkpoint.keep)
-    _positive("sft.steps", c.sft.steps, allow_zero=True)
-    if c.lora.enabled:
-        _positive("lora.rank", c.lora.rank)
-        _choice("lora.publish", c.lora.publish, ("adapters", "merged"))

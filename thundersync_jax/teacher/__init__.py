@@ -8,13 +8,11 @@ service.close()
 """
 
 from thundersync_jax.teacher._build import start_teacher, train_embedded_teacher
-from thundersync_jax.teacher._incremental import EpisodeScoring
 from thundersync_jax.teacher._scorer import ScoreBackend, TeacherScorer
 from thundersync_jax.teacher._service import TEACHER_VERSION, TeacherService
 
 __all__ = [
     "TEACHER_VERSION",
-    "EpisodeScoring",
     "ScoreBackend",
     "TeacherScorer",
     "TeacherService",

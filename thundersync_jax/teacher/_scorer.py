@@ -11,7 +11,7 @@ waiting for a batch to fill.
 
 With an `episode` key (and a backend with `score_turns`, e.g. the teacher's `EngineManager`)
 a turn is scored incrementally: the teacher process keeps that episode's KV cache and forwards
-only the tokens it has not seen (`teacher._incremental`), so a trajectory costs the teacher one
+only the tokens it has not seen (`rollout.episode_scoring`), so a trajectory costs the teacher one
 forward in total instead of one per turn over the whole prefix. An episode's requests stay on
 one worker (in order: its cache only grows); `release(episode)` frees the cache once the
 episode ended or failed.

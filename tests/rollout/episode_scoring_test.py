@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from thundersync_jax.teacher._incremental import IncrementalTeacher
+from thundersync_jax.rollout.episode_scoring import IncrementalTeacher
 
 
 @pytest.fixture(scope="module")
