@@ -28,13 +28,12 @@ import numpy as np
 from thundersync_jax.algorithms.base import (
     BatchLearner,
     BatchPolicy,
-    BatchTally,
     item_lag,
-    tally_metrics,
     verifier_failure,
 )
 from thundersync_jax.learner import segments_prompt
 from thundersync_jax.losses.logprob_gap import GapTally
+from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 
 log = logging.getLogger(__name__)
 

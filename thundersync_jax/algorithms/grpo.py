@@ -27,14 +27,13 @@ from thundersync_jax.algorithms.base import (
     Algorithm,
     BatchLearner,
     BatchPolicy,
-    BatchTally,
     LearnerSetup,
     item_lag,
-    tally_metrics,
     verifier_failure,
 )
 from thundersync_jax.losses.logprob_gap import GapTally
 from thundersync_jax.schedule import config_check
+from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 from thundersync_jax.schedule.episodes import EpisodeWork
 from thundersync_jax.schedule.planner import WorkItem
 

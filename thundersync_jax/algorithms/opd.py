@@ -50,16 +50,15 @@ from thundersync_jax.algorithms.base import (
     Algorithm,
     BatchLearner,
     BatchPolicy,
-    BatchTally,
     LearnerSetup,
     MemberEnd,
     MemberLost,
     item_lag,
-    tally_metrics,
 )
 from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.losses.logprob_gap import GapTally
 from thundersync_jax.schedule import schedules
+from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 from thundersync_jax.schedule.config_check import ConfigError
 from thundersync_jax.schedule.planner import WorkItem
 

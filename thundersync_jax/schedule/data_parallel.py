@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from thundersync_jax import accumulators, distributed
-from thundersync_jax.algorithms.base import BatchTally, tally_metrics
 from thundersync_jax.learner import replicas
+from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 from thundersync_jax.schedule.config_check import ConfigError
 
 # Metrics whose batch value is the sum over processes (their groups are disjoint), and
