@@ -168,28 +168,13 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
                  config.num_steps, path)  # fmt: skip
         ckpt.close()
         return {}
-
-    learner = algo.make_learner(
-        algorithms.LearnerSetup(
-            config,
-            built.graphdef,
-            built.reference_params,
-            built.policy.is_lora,
-            built.tok.pad_id,
-            grad_shardings=built.learner.state_shardings.params,
-            rows=built.learner.rows,
-        )
-    )
+    learner = algo.make_learner(_learner_setup(config, built))
     # Metrics come from process 0 (merged over every process's groups, `DataParallel`).
-    writer = _MainOnly(
-        info, lambda: metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
-    )
-    progress = _MainOnly(
-        info,
-        lambda: metrics.StepProgress(
-            config.num_steps, desc=f"{algo.name}/{schedule.name}", initial=first_step
-        ),
-    )
+    writer, progress = _NoOutput(), _NoOutput()
+    if info.is_main:
+        writer = metrics.MetricsWriter(workdir, tensorboard=bool(config.metrics.tensorboard))
+        desc = f"{algo.name}/{schedule.name}"
+        progress = metrics.StepProgress(config.num_steps, desc=desc, initial=first_step)
     fleet = services = None
     last: dict = {}
     try:
@@ -210,19 +195,7 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
             ),
             dp=dp,
         )
-        fleet.drop_versions_from(first_step)
-        run_.publish(state.params, first_step)
-        pending = None  # pipelined schedules: the next batch's rollouts, already running
-        # What a batch learner hands its next batch (OPD `auto`: the granularity chooser's
-        # timings; host numbers). Not checkpointed: a resumed run explores again.
-        carry = None
-        for step in range(first_step, config.num_steps):
-            state, pending, last, carry = _train_step(run_, step, state, pending, carry)
-            writer.write(step, last)
-            progress.update(last)
-            every = int(config.checkpoint.every)
-            if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
-                ckpt.save(state)
+        state, last = _train_steps(run_, state, first_step, ckpt, writer, progress)
         if info.is_main:
             full = built.policy.full_params(state.params)
             export_final(built.graphdef, full, workdir, built.tok)
@@ -236,16 +209,50 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     return last
 
 
-class _MainOnly:
-    """The object `make()` builds on process 0; elsewhere a sink for the same calls."""
+def _learner_setup(config, built) -> algorithms.LearnerSetup:
+    return algorithms.LearnerSetup(
+        config,
+        built.graphdef,
+        built.reference_params,
+        built.policy.is_lora,
+        built.tok.pad_id,
+        grad_shardings=built.learner.state_shardings.params,
+        rows=built.learner.rows,
+    )
 
-    def __init__(self, info: distributed.ProcessInfo, make):
-        self._obj = make() if info.is_main else None
 
-    def __getattr__(self, name):
-        if self._obj is not None:
-            return getattr(self._obj, name)
-        return lambda *args, **kwargs: None
+def _train_steps(run: _Run, state, first_step: int, ckpt, writer, progress):
+    """Every step from `first_step` on, checkpointed; returns (state, the last step's metrics)."""
+    config = run.config
+    run.fleet.drop_versions_from(first_step)
+    run.publish(state.params, first_step)
+    pending = None  # pipelined schedules: the next batch's rollouts, already running
+    # What a batch learner hands its next batch (OPD `auto`: the granularity chooser's
+    # timings; host numbers). Not checkpointed: a resumed run explores again.
+    carry = None
+    last: dict = {}
+    for step in range(first_step, config.num_steps):
+        state, pending, last, carry = _train_step(run, step, state, pending, carry)
+        writer.write(step, last)
+        progress.update(last)
+        every = int(config.checkpoint.every)
+        if every and ((step + 1) % every == 0 or step + 1 == config.num_steps):
+            ckpt.save(state)
+    return state, last
+
+
+class _NoOutput:
+    """What processes other than 0 write metrics and progress to: nothing (process 0 writes
+    them for all, `DataParallel.merge_metrics`)."""
+
+    def write(self, step: int, values: dict) -> None:
+        del step, values
+
+    def update(self, values: dict) -> None:
+        del values
+
+    def close(self) -> None:
+        pass
 
 
 def _train_step(run: _Run, step: int, state, pending, carry=None):
@@ -263,17 +270,7 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
     if schedule.pipelined and step + 1 < config.num_steps:
         nxt = run.launch(step + 1)  # sampled by policy `version` while this batch trains
     timeline = current.timeline
-    planner = Planner(
-        schedule,
-        int(rl.num_groups),
-        int(rl.group_size),
-        run.algo.max_chunk_tokens(config),
-        rl.max_open_groups or None,
-        max_chunk_items=1 if rl.deterministic else None,
-        # Each open OPD trajectory keeps a learner KV cache: cap them (backpressure).
-        max_open_members=int(rl.get("max_open_trajectories", 0)) or None,
-    )
-    planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
+    planner = _planner(run)
 
     def on_chunk(chunk, start, end):
         ids = [it.item_id for it in chunk if not isinstance(it.payload, MemberEnd)]
@@ -313,6 +310,38 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
     with timeline.span(metrics.PUBLISH):
         run.publish(new_state.params, int(new_state.step))
 
+    out = _step_metrics(run, step, timeline, batch, planner, compiles_before)
+    out.update(
+        grad_norm=float(grad_norm),
+        update_skipped=not bool(applied),
+        rollout_failures=len(stats.failures),
+    )
+    out = run.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
+    if run.dp.info.is_main:
+        components.save_step_artifacts(config, run.workdir, step, timeline)
+    log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
+    return new_state, nxt, out, run.learner.carry(batch)
+
+
+def _planner(run: _Run) -> Planner:
+    """The batch's planner over this process's groups."""
+    config, rl = run.config, run.config.rl
+    planner = Planner(
+        run.schedule,
+        int(rl.num_groups),
+        int(rl.group_size),
+        run.algo.max_chunk_tokens(config),
+        rl.max_open_groups or None,
+        max_chunk_items=1 if rl.deterministic else None,
+        # Each open OPD trajectory keeps a learner KV cache: cap them (backpressure).
+        max_open_members=int(rl.get("max_open_trajectories", 0)) or None,
+    )
+    planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
+    return planner
+
+
+def _step_metrics(run: _Run, step: int, timeline, batch, planner, compiles_before: int) -> dict:
+    """The step's timings, the learner's metrics and what the batch kept, before the merge."""
     out = metrics.step_metrics(timeline)
     out.update(run.learner.metrics(batch))
     for failure in batch.tally.verifier_failures:
@@ -324,12 +353,5 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
         accum_bytes_peak=int(components.tree_bytes(run.learner.accumulator_state(batch)))
         + int(run.learner.kept_bytes_peak(batch)),
         compiles=int(run.learner.compiles() - compiles_before),
-        grad_norm=float(grad_norm),
-        update_skipped=not bool(applied),
-        rollout_failures=len(stats.failures),
     )
-    out = run.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
-    if run.dp.info.is_main:
-        components.save_step_artifacts(config, run.workdir, step, timeline)
-    log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
-    return new_state, nxt, out, run.learner.carry(batch)
+    return out

@@ -87,6 +87,19 @@ class CombinedAccumulator(NamedTuple):
     terms: Mapping[str, Regularizer]
 
 
+def _term_error(name: str, grad, num_tokens):
+    """The error code of one term's add (0 = fine); raised at once when called eagerly."""
+    code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
+    code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
+    if not _errors.is_traced(grad, num_tokens) and int(code):
+        leaf = _errors.first_nonfinite_leaf(grad)
+        raise ValueError(
+            f"add_term({name!r}): gradient has non-finite values at {leaf} or "
+            f"num_tokens={int(num_tokens)} is negative"
+        )
+    return code
+
+
 def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
     """Adds named regularizer terms to a policy accumulator (`grpo` or `opd`).
 
@@ -127,14 +140,7 @@ def combine(policy, **terms: Regularizer) -> CombinedAccumulator:
             raise ValueError(f"unknown term {name!r}; this accumulator has {sorted(terms)}")
         _errors.check_structure(f"add_term({name!r})", tally_like(state.policy.total), grad)
         num_tokens = jnp.asarray(num_tokens, jnp.int32)
-        code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
-        code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
-        if not _errors.is_traced(grad, num_tokens) and int(code):
-            leaf = _errors.first_nonfinite_leaf(grad)
-            raise ValueError(
-                f"add_term({name!r}): gradient has non-finite values at {leaf} or "
-                f"num_tokens={int(num_tokens)} is negative"
-            )
+        code = _term_error(name, grad, num_tokens)
         ok = code == 0
         mode, _ = modes[name]
         coef = terms[name].coef

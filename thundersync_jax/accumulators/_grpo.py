@@ -179,6 +179,38 @@ def grpo(
     Memory: with the state donated, a jitted add updates one slot of each
     tally stack in place (no param-sized temporaries; see _group_ops).
     """
+    cfg = _group_config(
+        num_groups,
+        group_size,
+        advantage,
+        loss_agg,
+        eps,
+        std_ddof,
+        max_len,
+        max_open_groups,
+        max_buckets,
+        on_invalid,
+        deterministic,
+        placement,
+    )
+    return _accumulator(cfg)
+
+
+def _group_config(
+    num_groups,
+    group_size,
+    advantage,
+    loss_agg,
+    eps,
+    std_ddof,
+    max_len,
+    max_open_groups,
+    max_buckets,
+    on_invalid,
+    deterministic,
+    placement,
+) -> GroupConfig:
+    """`grpo`'s arguments checked (ValueError naming the bad one) and resolved."""
     if num_groups < 1 or group_size < 1:
         raise ValueError(
             f"need num_groups >= 1 and group_size >= 1, got {num_groups} and {group_size}"
@@ -218,6 +250,11 @@ def grpo(
         deterministic=bool(deterministic),
         placement=placement,
     )
+    return cfg
+
+
+def _accumulator(cfg: GroupConfig) -> GroupAccumulator:
+    """The accumulator's functions over `cfg` (see `grpo`)."""
     ops = _exact_group_ops if cfg.deterministic else _group_ops
 
     def init(params) -> GroupState:

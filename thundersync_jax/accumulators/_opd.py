@@ -109,6 +109,38 @@ def total_value(total):
     return _exact.to_float(total) if isinstance(total, _exact.ExactSum) else total
 
 
+def _add(cfg: DirectConfig, where: str, state, grad, num_tokens, count, weighted: bool):
+    """One add (of `count` turns when `weighted`): errors recorded, or raised when eager."""
+    _errors.check_structure(where, tally_like(state.total), grad)
+    num_tokens = jnp.asarray(num_tokens, jnp.int32)
+    count = jnp.asarray(count, jnp.int32)
+    code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
+    code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
+    code |= jnp.where(count < 1, _errors.BAD_COUNT, 0)
+    ok = code == 0
+    drop = ~ok & (cfg.on_invalid == "drop")
+    weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
+    total, overflow = add_to_total(state.total, grad, weight, ok)
+    code |= jnp.where(overflow, _errors.EXACT_OVERFLOW, 0)
+    ok &= ~overflow
+    drop &= ~overflow
+    new_state = DirectState(
+        total=total,
+        num_trajectories=state.num_trajectories + jnp.where(ok, count, 0),
+        num_tokens=state.num_tokens + jnp.where(ok, num_tokens, 0),
+        dropped=state.dropped + jnp.where(drop, jnp.maximum(count, 1), 0),
+        error=state.error | jnp.where(ok | drop, 0, code),
+    )
+    if not _errors.is_traced(grad, num_tokens, count):
+        if int(code) and cfg.on_invalid == "raise":
+            leaf = _errors.first_nonfinite_leaf(grad)
+            where_bad = f" (first bad leaf: {leaf})" if leaf else ""
+            raise ValueError(
+                f"{where}: {_message(int(code))}{where_bad}; num_tokens={int(num_tokens)}"
+            )
+    return new_state
+
+
 def opd(
     loss_agg: str = "token-mean",
     max_len: int | None = None,
@@ -137,43 +169,13 @@ def opd(
             return DirectState(_exact.zeros(params), *counters)
         return DirectState(_tallies.zeros_like_params(params), *counters)
 
-    def _add(where, state, grad, num_tokens, count, weighted):
-        _errors.check_structure(where, tally_like(state.total), grad)
-        num_tokens = jnp.asarray(num_tokens, jnp.int32)
-        count = jnp.asarray(count, jnp.int32)
-        code = jnp.where(_errors.tree_all_finite(grad), 0, _errors.NONFINITE_GRAD)
-        code |= jnp.where(num_tokens < 0, _errors.NEGATIVE_NUM_TOKENS, 0)
-        code |= jnp.where(count < 1, _errors.BAD_COUNT, 0)
-        ok = code == 0
-        drop = ~ok & (cfg.on_invalid == "drop")
-        weight = jnp.float32(1.0) if weighted else cfg.loss_agg.weight(num_tokens)
-        total, overflow = add_to_total(state.total, grad, weight, ok)
-        code |= jnp.where(overflow, _errors.EXACT_OVERFLOW, 0)
-        ok &= ~overflow
-        drop &= ~overflow
-        new_state = DirectState(
-            total=total,
-            num_trajectories=state.num_trajectories + jnp.where(ok, count, 0),
-            num_tokens=state.num_tokens + jnp.where(ok, num_tokens, 0),
-            dropped=state.dropped + jnp.where(drop, jnp.maximum(count, 1), 0),
-            error=state.error | jnp.where(ok | drop, 0, code),
-        )
-        if not _errors.is_traced(grad, num_tokens, count):
-            if int(code) and cfg.on_invalid == "raise":
-                leaf = _errors.first_nonfinite_leaf(grad)
-                where_bad = f" (first bad leaf: {leaf})" if leaf else ""
-                raise ValueError(
-                    f"{where}: {_message(int(code))}{where_bad}; num_tokens={int(num_tokens)}"
-                )
-        return new_state
-
     def add(state: DirectState, grad, num_tokens) -> DirectState:
         """Adds one turn's (Â-weighted) gradient and its scored-token count."""
-        return _add("add", state, grad, num_tokens, 1, False)
+        return _add(cfg, "add", state, grad, num_tokens, 1, False)
 
     def add_weighted(state: DirectState, grad, num_tokens, count) -> DirectState:
         """Adds `count` turns whose grad is already Σ_j w_j grad_j."""
-        return _add("add_weighted", state, grad, num_tokens, count, True)
+        return _add(cfg, "add_weighted", state, grad, num_tokens, count, True)
 
     def check(state: DirectState, allow_open: bool = False) -> None:
         """Raises a ValueError for an error recorded under jit."""

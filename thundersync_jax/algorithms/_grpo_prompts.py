@@ -93,6 +93,66 @@ def _tree_add(a, b):
     return b if a is None else jax.tree.map(lambda x, y: x + y, a, b)
 
 
+def _fold_member(acc, add, fns, state: SharedPromptState, item) -> SharedPromptState:
+    """One member scored over its group's shared prompt cache and added to the tally."""
+    p, traj, k = state.policy, item.payload, item.group
+    lag = item_lag(p, traj.policy_versions, f"trajectory {item.item_id}")
+    prompt = np.asarray(traj.tokens[: traj.prompt_len], np.int32)
+    groups = dict(state.groups)
+    if k not in groups:
+        opened = segments_prompt.open_group(fns, p.params, prompt, base_params=p.base_params)
+        groups[k] = (prompt, opened)
+    seen, group = groups[k]
+    if not np.array_equal(seen, prompt):
+        raise ValueError(f"trajectory {item.item_id}: its prompt differs from its group's")
+    member = segments_prompt.member(fns, group)
+    rest = slice(traj.prompt_len, None)
+    mask = np.asarray(traj.loss_mask[rest], np.float32)
+    engine = getattr(traj, "logprobs", None)  # NaN (none) where the engine gave none
+    member, res = fns.score(
+        p.params,
+        member,
+        traj.tokens[rest],
+        mask,
+        engine_logprobs=None if engine is None else np.asarray(engine, np.float32)[rest],
+        base_params=p.base_params,
+    )
+    deferred, member = fns.close(p.params, member, base_params=p.base_params)
+    h = res.grad if res.grad is not None else _zeros_like(p.params)
+    h = h if deferred is None else _tree_add(h, deferred)
+    n = res.num_tokens
+    acc_state = add(state.acc, item.group, item.reward, h, n)
+    weight = acc.loss_weight(max(n, 1))
+    groups[k] = (seen, segments_prompt.add_member(group, member, item.reward, weight))
+    failure = verifier_failure(traj)
+    tally = state.tally.add(
+        tokens=n,
+        rewards=[(k, float(item.reward))],
+        lags=[lag],
+        verifier_failures=[] if failure is None else [f"{item.item_id}: {failure}"],
+    )
+    members = {**state.members, k: state.members.get(k, 0) + 1}
+    peak = max(state.kept_bytes_peak, sum(_group_bytes(g) for _, g in groups.values()))
+    return state._replace(
+        acc=acc_state,
+        tally=tally,
+        groups=groups,
+        members=members,
+        kept_bytes_peak=peak,
+        gap=state.gap if res.gap is None else state.gap.add(res.gap),
+    )
+
+
+def _close_prompt(acc, fns, state: SharedPromptState, k: int, scope_rewards) -> SharedPromptState:
+    """Group k's prompt backpropagated once with its members' advantages (or the scope's)."""
+    p = state.policy
+    groups = dict(state.groups)
+    _, group = groups.pop(k)
+    scalars = segments_prompt.advantage_scalars(acc, scope_rewards or group.rewards)
+    grad = segments_prompt.close_group(fns, p.params, group, scalars, base_params=p.base_params)
+    return state._replace(groups=groups, prompt_grad=_tree_add(state.prompt_grad, grad))
+
+
 def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
     """The GRPO `BatchLearner` with shared prompts (see module doc)."""
     fns = segment_fns
@@ -104,68 +164,12 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
         return SharedPromptState(acc.init(params), policy, BatchTally())
 
-    def fold_member(state: SharedPromptState, item) -> SharedPromptState:
-        p, traj, k = state.policy, item.payload, item.group
-        lag = item_lag(p, traj.policy_versions, f"trajectory {item.item_id}")
-        prompt = np.asarray(traj.tokens[: traj.prompt_len], np.int32)
-        groups = dict(state.groups)
-        if k not in groups:
-            opened = segments_prompt.open_group(fns, p.params, prompt, base_params=p.base_params)
-            groups[k] = (prompt, opened)
-        seen, group = groups[k]
-        if not np.array_equal(seen, prompt):
-            raise ValueError(f"trajectory {item.item_id}: its prompt differs from its group's")
-        member = segments_prompt.member(fns, group)
-        rest = slice(traj.prompt_len, None)
-        mask = np.asarray(traj.loss_mask[rest], np.float32)
-        engine = getattr(traj, "logprobs", None)  # NaN (none) where the engine gave none
-        member, res = fns.score(
-            p.params,
-            member,
-            traj.tokens[rest],
-            mask,
-            engine_logprobs=None if engine is None else np.asarray(engine, np.float32)[rest],
-            base_params=p.base_params,
-        )
-        deferred, member = fns.close(p.params, member, base_params=p.base_params)
-        h = res.grad if res.grad is not None else _zeros_like(p.params)
-        h = h if deferred is None else _tree_add(h, deferred)
-        n = res.num_tokens
-        acc_state = add(state.acc, item.group, item.reward, h, n)
-        weight = acc.loss_weight(max(n, 1))
-        groups[k] = (seen, segments_prompt.add_member(group, member, item.reward, weight))
-        failure = verifier_failure(traj)
-        tally = state.tally.add(
-            tokens=n,
-            rewards=[(k, float(item.reward))],
-            lags=[lag],
-            verifier_failures=[] if failure is None else [f"{item.item_id}: {failure}"],
-        )
-        members = {**state.members, k: state.members.get(k, 0) + 1}
-        peak = max(state.kept_bytes_peak, sum(_group_bytes(g) for _, g in groups.values()))
-        return state._replace(
-            acc=acc_state,
-            tally=tally,
-            groups=groups,
-            members=members,
-            kept_bytes_peak=peak,
-            gap=state.gap if res.gap is None else state.gap.add(res.gap),
-        )
-
-    def close_prompt(state: SharedPromptState, k: int, scope_rewards) -> SharedPromptState:
-        p = state.policy
-        groups = dict(state.groups)
-        _, group = groups.pop(k)
-        scalars = segments_prompt.advantage_scalars(acc, scope_rewards or group.rewards)
-        grad = segments_prompt.close_group(fns, p.params, group, scalars, base_params=p.base_params)
-        return state._replace(groups=groups, prompt_grad=_tree_add(state.prompt_grad, grad))
-
     def process(state: SharedPromptState, chunk) -> SharedPromptState:
         for item in chunk:
-            state = fold_member(state, item)
+            state = _fold_member(acc, add, fns, state, item)
             k = item.group
             if not batch_scope and state.members[k] == group_size:
-                state = close_prompt(state, k, None)  # the group is complete
+                state = _close_prompt(acc, fns, state, k, None)  # the group is complete
         jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
         return state
 
@@ -177,7 +181,7 @@ def batch_learner(acc, segment_fns, group_size: int) -> BatchLearner:
         state = state._replace(acc=acc_state)
         everyone = [r for _, r in state.tally.rewards] if batch_scope else None
         for k in sorted(state.groups):
-            state = close_prompt(state, k, everyone)
+            state = _close_prompt(acc, fns, state, k, everyone)
         return state
 
     def finalize(state: SharedPromptState):

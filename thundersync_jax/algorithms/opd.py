@@ -118,38 +118,74 @@ def batch_learner(
         (`_opd_auto.choose`) from the `carry` handed to `init`.
       schedule: the run's `schedules.Schedule` (for `auto`).
     """
-    granularity = _trajs.check_granularity(granularity)
-    if granularity != "trajectory" and segment_fns is None:
-        raise ValueError(f"opd_granularity={granularity!r} needs segment_fns (learner.segments)")
-    logprob_fn = TokenLogprobFn(score_fn)
-    add_traces = [0]  # compilations of `add` (not in `compiles`: `auto` skips their timings)
+    learner = _OpdLearner(acc, score_fn, pad_id, regularizer_fn, segment_fns, granularity, schedule)
+    return BatchLearner(
+        init=learner.init,
+        process=learner.process,
+        close_groups=learner.close_groups,
+        finalize=learner.finalize,
+        metrics=learner.metrics,
+        compiles=learner.compiles,
+        accumulator_state=lambda state: state.acc,
+        kept_bytes_peak=lambda state: int(state.kept_bytes_peak),
+        carry=learner.carry,
+    )
 
-    def add_weighted(*args):
-        add_traces[0] += 1  # runs once per trace
-        return acc.add_weighted(*args)
 
-    add = jax.jit(add_weighted, donate_argnums=0)
-    add_terms = _terms.TermAdder(acc, regularizer_fn)
-    folders = {"trajectory": _trajs.WholeTrajectory(score_fn, logprob_fn, add, pad_id)}
-    if segment_fns is not None:
-        folders["turn"] = _trajs.TurnSegments(segment_fns, add)
-    padding = None
-    if granularity == "auto":
-        if schedule is None:
-            raise ValueError("opd_granularity='auto' needs the run's schedule (schedule=None)")
-        padding = _auto.Buckets(
-            segment_fns.seg_buckets, segment_fns.cache_buckets, tuple(score_fn.seq_buckets)
-        )
+class _Folded(NamedTuple):
+    """What folding some of one trajectory's turns added: to the tally, the KL sum, the gap."""
+
+    tokens: int = 0
+    log_ratio: float = 0.0
+    gap: GapTally = GapTally()
+
+    def add(self, folded) -> _Folded:
+        gap = self.gap if folded.gap is None else self.gap.add(folded.gap)
+        return _Folded(self.tokens + folded.tokens, self.log_ratio + folded.log_ratio_sum, gap)
+
+
+class _OpdLearner:
+    """The fixed pieces of the OPD learner (built once per run); every method is a pure
+    function of the `OpdState` it is given, apart from counting `add`'s compilations."""
+
+    def __init__(self, acc, score_fn, pad_id, regularizer_fn, segment_fns, granularity, schedule):
+        self.granularity = _trajs.check_granularity(granularity)
+        if self.granularity != "trajectory" and segment_fns is None:
+            raise ValueError(
+                f"opd_granularity={granularity!r} needs segment_fns (learner.segments)"
+            )
+        self.acc, self.score_fn, self.segment_fns = acc, score_fn, segment_fns
+        self.logprob_fn = TokenLogprobFn(score_fn)
+        self.add_traces = 0  # compilations of `add` (not in `compiles`: `auto` skips their timings)
+        self.add = jax.jit(self._add_weighted, donate_argnums=0)
+        self.add_terms = _terms.TermAdder(acc, regularizer_fn)
+        add = self.add
+        self.folders = {
+            "trajectory": _trajs.WholeTrajectory(score_fn, self.logprob_fn, add, pad_id)
+        }
+        if segment_fns is not None:
+            self.folders["turn"] = _trajs.TurnSegments(segment_fns, add)
+        self.schedule, self.padding = schedule, None
+        if self.granularity == "auto":
+            if schedule is None:
+                raise ValueError("opd_granularity='auto' needs the run's schedule (schedule=None)")
+            self.padding = _auto.Buckets(
+                segment_fns.seg_buckets, segment_fns.cache_buckets, tuple(score_fn.seq_buckets)
+            )
+
+    def _add_weighted(self, *args):
+        self.add_traces += 1  # runs once per trace
+        return self.acc.add_weighted(*args)
 
     def init(
-        params, version: int, base_params=None, enforce_version: bool = True, carry=None
+        self, params, version: int, base_params=None, enforce_version: bool = True, carry=None
     ) -> OpdState:
         """carry: the previous batch's `carry(state)` (`auto`'s memory), or None."""
         policy = BatchPolicy(params, base_params, int(version), bool(enforce_version))
-        state = OpdState(acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0, granularity)
-        if granularity != "auto":
-            return state
-        choice = _auto.choose(carry, schedule)
+        state = OpdState(self.acc.init(params), policy, BatchTally(), 0, 0.0, {}, 0)
+        if self.granularity != "auto":
+            return state._replace(granularity=self.granularity)
+        choice = _auto.choose(carry, self.schedule)
         times = ", ".join(f"{g} {s:.3f} s" for g, s in (choice.predicted or {}).items())
         log.info("OPD granularity at version %d: %s (%s%s)", version, choice.granularity,
                  choice.reason, f"; predicted {times}" if times else "")  # fmt: skip
@@ -158,79 +194,108 @@ def batch_learner(
             granularity=choice.granularity, record=record, auto_in=carry, choice=choice
         )
 
-    def carry(state: OpdState):
+    def carry(self, state: OpdState):
         """What the next batch's `init` needs (`auto`: the chooser's state), else None."""
         if state.record is None:
             return None
-        trace, samples = _auto.step_samples(state.record, padding)
-        return _auto.observe(state.auto_in or _auto.AutoState(padding), trace, samples)
+        trace, samples = _auto.step_samples(state.record, self.padding)
+        return _auto.observe(state.auto_in or _auto.AutoState(self.padding), trace, samples)
 
-    def traced() -> int:
-        return compiles() + add_traces[0]
+    def compiles(self) -> int:
+        seg = 0 if self.segment_fns is None else int(self.segment_fns.compiles)
+        return (
+            int(self.score_fn.compiles) + self.logprob_fn.compiles + self.add_terms.compiles + seg
+        )
 
-    def clock(state: OpdState) -> tuple | None:
-        """(perf_counter, `traced()`) under `auto`; None otherwise (nothing is timed)."""
-        return None if state.record is None else (time.perf_counter(), traced())
+    # `auto` times every fold and close; the other granularities time nothing.
 
-    def timed(state: OpdState, key, kind: str, start: tuple | None, chunk: int) -> OpdState:
-        """The state with one call timed from `start` = `clock(state)` on."""
+    def _clock(self, state: OpdState) -> tuple | None:
+        """(perf_counter, compilations so far) under `auto`; None otherwise."""
+        return None if state.record is None else (time.perf_counter(), self._traced())
+
+    def _traced(self) -> int:
+        return self.compiles() + self.add_traces
+
+    def _timed(self, state: OpdState, key, kind: str, start: tuple | None, chunk: int) -> OpdState:
+        """The state with one call timed from `start` = `_clock(state)` on."""
         if start is None:
             return state
-        seconds, compiled = time.perf_counter() - start[0], traced() != start[1]
+        seconds, compiled = time.perf_counter() - start[0], self._traced() != start[1]
         call = _auto.CallTiming(*key, kind, seconds, chunk, compiled)
         return state._replace(record=state.record._replace(calls=(*state.record.calls, call)))
 
-    def advance(state: OpdState, key, flush_all: bool = False, chunk: int = -1) -> OpdState:
+    def _advance(self, state: OpdState, key, flush_all: bool = False, chunk: int = -1) -> OpdState:
         """Folds in the member's turns that can go now; closes it once it is complete.
 
         Under `auto` each fold and close is timed once its result is ready (`chunk`: the
         chunk's index in the record, -1 at the batch end).
         """
-        folder = folders[state.granularity]
+        folder = self.folders[state.granularity]
         opened = dict(state.open)
         traj = opened[key]
         closing = flush_all or traj.complete
         traj, ready = _trajs.ready_turns(traj, flush=closing)
-        acc_state, tokens, log_ratio, peak = state.acc, 0, 0.0, state.kept_bytes_peak
-        gap = state.gap
+        acc_state, total, peak = state.acc, _Folded(gap=state.gap), state.kept_bytes_peak
         for payload in ready:
-            start = clock(state)  # `turn`: the fold syncs on its log-probs
+            start = self._clock(state)  # `turn`: the fold syncs on its log-probs
             traj, folded = folder.fold(state.policy, acc_state, traj, payload)
-            state = timed(state, key, "fold", start, chunk)
-            acc_state, tokens = folded.acc, tokens + folded.tokens
-            log_ratio += folded.log_ratio_sum
-            gap = gap if folded.gap is None else gap.add(folded.gap)
+            state = self._timed(state, key, "fold", start, chunk)
+            acc_state, total = folded.acc, total.add(folded)
             opened[key] = traj
             peak = max(peak, sum(t.nbytes for t in opened.values()))
         if closing:
-            start = clock(state)
-            folded = folder.close(state.policy, acc_state, traj)
-            if start is not None:  # `auto` only: time the close's work, not its dispatch
-                jax.block_until_ready(folded.acc)
-            state = timed(state, key, "close", start, chunk)
-            acc_state, tokens = folded.acc, tokens + folded.tokens
-            log_ratio += folded.log_ratio_sum
-            gap = gap if folded.gap is None else gap.add(folded.gap)
-            if traj.scored.any():  # the terms over every scored token, one full forward
-                p = state.policy
-                acc_state = add_terms(
-                    acc_state, p.params, p.base_params, traj.seen[None], traj.scored[None], None
-                )
+            state, acc_state, folded = self._close(state, acc_state, key, traj, chunk)
+            total = total.add(folded)
             del opened[key]
         else:
             opened[key] = traj
         return state._replace(
             acc=acc_state,
-            tally=state.tally.add(tokens=tokens),
-            reverse_kl_sum=state.reverse_kl_sum + log_ratio,
+            tally=state.tally.add(tokens=total.tokens),
+            reverse_kl_sum=state.reverse_kl_sum + total.log_ratio,
             open=opened,
             kept_bytes_peak=peak,
-            gap=gap,
+            gap=total.gap,
         )
 
-    def process(state: OpdState, chunk: list[WorkItem]) -> OpdState:
+    def _close(self, state: OpdState, acc_state, key, traj, chunk: int):
+        """(state, accumulator state, folded) after closing `traj`: its last gradient work
+        and, over every scored token, the KL / entropy terms (one full forward)."""
+        start = self._clock(state)
+        folded = self.folders[state.granularity].close(state.policy, acc_state, traj)
+        if start is not None:  # `auto` only: time the close's work, not its dispatch
+            jax.block_until_ready(folded.acc)
+        state = self._timed(state, key, "close", start, chunk)
+        acc_state = folded.acc
+        if traj.scored.any():
+            p = state.policy
+            acc_state = self.add_terms(
+                acc_state, p.params, p.base_params, traj.seen[None], traj.scored[None], None
+            )
+        return state, acc_state, folded
+
+    def process(self, state: OpdState, chunk: list[WorkItem]) -> OpdState:
         started = time.perf_counter()
-        p = state.policy
+        state, touched, arrivals, closed_at = self._take(state, chunk)
+        index = -1 if state.record is None else len(state.record.chunks)
+        for key in dict.fromkeys(touched):  # first-touch order: fixed by the chunk
+            state = self._advance(state, key, chunk=index)
+        jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
+        if state.record is None:
+            return state
+        r = state.record
+        wall = (time.perf_counter() - started, len(chunk))
+        record = r._replace(
+            arrivals=(*r.arrivals, *arrivals), ends=(*r.ends, *closed_at), chunks=(*r.chunks, wall)
+        )
+        return state._replace(record=record)
+
+    def _take(self, state: OpdState, chunk: list[WorkItem]):
+        """The chunk's items held on their trajectories, counted in the tally.
+
+        Returns (state, the (group, member) keys touched in chunk order, `auto`'s turn
+        arrivals, `auto`'s member ends).
+        """
         ends = [it for it in chunk if isinstance(it.payload, MemberEnd)]
         tally = state.tally.add(
             rewards=[(it.group, it.payload.reward) for it in ends],
@@ -240,15 +305,13 @@ def batch_learner(
                 if it.payload.verifier_failure is not None
             ],
         )
-        opened = dict(state.open)
-        touched = []
-        turns = 0
+        opened, touched, turns = dict(state.open), [], 0
         arrivals, closed_at = [], []  # `auto`: when turns and member ends arrived
         for it in chunk:
             key = (it.group, it.member)
             traj = opened.get(key, _trajs.OpenTrajectory())
             if isinstance(it.payload, TurnPayload):
-                lag = item_lag(p, [it.payload.policy_version], f"turn {it.item_id}")
+                lag = item_lag(state.policy, [it.payload.policy_version], f"turn {it.item_id}")
                 tally = tally.add(lags=[lag])
                 traj = _trajs.hold(traj, it.payload)
                 turns += 1
@@ -262,35 +325,24 @@ def batch_learner(
             opened[key] = traj
             touched.append(key)
         state = state._replace(tally=tally, open=opened, turns=state.turns + turns)
-        index = -1 if state.record is None else len(state.record.chunks)
-        for key in dict.fromkeys(touched):  # first-touch order: fixed by the chunk
-            state = advance(state, key, chunk=index)
-        jax.block_until_ready(state.acc)  # timings measure the work (see algorithms.grpo)
-        if state.record is None:
-            return state
-        r = state.record
-        wall = (time.perf_counter() - started, len(chunk))
-        record = r._replace(
-            arrivals=(*r.arrivals, *arrivals), ends=(*r.ends, *closed_at), chunks=(*r.chunks, wall)
-        )
-        return state._replace(record=record)
+        return state, touched, arrivals, closed_at
 
-    def close_groups(state: OpdState, groups) -> OpdState:
+    def close_groups(self, state: OpdState, groups) -> OpdState:
         """Closes every trajectory still open (members lost without a count, or no count)."""
         del groups  # OPD has no group coupling; whatever is open closes at the batch end
         for key in sorted(state.open):
-            state = advance(state, key, flush_all=True)
+            state = self._advance(state, key, flush_all=True)
         return state
 
-    def finalize(state: OpdState):
+    def finalize(self, state: OpdState):
         if state.open:
             raise ValueError(
                 f"{len(state.open)} OPD trajectories are still open {sorted(state.open)[:4]}: "
                 "call close_groups before finalize"
             )
-        return acc.finalize(state.acc)
+        return self.acc.finalize(state.acc)
 
-    def metrics(state: OpdState) -> dict:
+    def metrics(self, state: OpdState) -> dict:
         out = tally_metrics(state.tally)
         # Mean over scored tokens of (log π_s − log π_T)(o_t), o_t ~ π_s: a reverse-KL estimate.
         # Rounded to 1e-6 nats (far below its sampling noise): the float32 forwards behind it
@@ -303,22 +355,6 @@ def batch_learner(
             out["opd_predicted_step_s_turn"] = float(predicted["turn"])
             out["opd_predicted_step_s_trajectory"] = float(predicted["trajectory"])
         return out
-
-    def compiles() -> int:
-        seg = 0 if segment_fns is None else int(segment_fns.compiles)
-        return int(score_fn.compiles) + logprob_fn.compiles + add_terms.compiles + seg
-
-    return BatchLearner(
-        init=init,
-        process=process,
-        close_groups=close_groups,
-        finalize=finalize,
-        metrics=metrics,
-        compiles=compiles,
-        accumulator_state=lambda state: state.acc,
-        kept_bytes_peak=lambda state: int(state.kept_bytes_peak),
-        carry=carry,
-    )
 
 
 def make_learner(setup: LearnerSetup) -> BatchLearner:

@@ -109,10 +109,19 @@ def measure_publication(
         mgr.close()
         snapshot_spares.discard(root)
         shutil.rmtree(root, ignore_errors=True)
+    out = _summary(num_bytes, len(_leaves(params)), copy_all, series)
+    out["ratio"] = out["warm"]["ratio"]
+    out["loadavg_1min"] = os.getloadavg()[0]  # other processes on the machine skew both sides
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def _summary(num_bytes: int, leaves: int, copy_all: list, series: dict) -> dict[str, Any]:
+    """Medians and bandwidths of each series, against the memory copy's."""
     copy_s = statistics.median(copy_all)
     out: dict[str, Any] = {
         "bytes": num_bytes,
-        "leaves": len(_leaves(params)),
+        "leaves": leaves,
         "repeats_per_series": len(series["warm"][2]),
         "memcpy_s": copy_s,
         "memcpy_gbps": num_bytes / copy_s / 1e9,
@@ -129,9 +138,6 @@ def measure_publication(
             "publish_gbps": num_bytes / total / 1e9,
             "ratio": copy_s / total,
         }
-    out["ratio"] = out["warm"]["ratio"]
-    out["loadavg_1min"] = os.getloadavg()[0]  # other processes on the machine skew both sides
-    out["cpus"] = os.cpu_count()
     return out
 
 

@@ -108,6 +108,20 @@ def _opd_segments(fns, params, tokens, mask, teacher, turns, tail_only=False):
     return Timing(time.perf_counter() - start, time.process_time() - start_cpu)
 
 
+def _bench_segment_fns(graphdef, cfg, tokens, turn_counts: Sequence[int]):
+    """Segment functions bucketed for every turn split the bench measures."""
+    total_tokens = len(tokens)
+    seg_lengths = sorted({b - a for n in turn_counts for a, b in _turns(tokens, n)})
+    seg_buckets = sorted(
+        {max(x, 2) for x in seg_lengths}
+        | {max(x - 1, 2) for x in seg_lengths}
+        | {c for c in (128, 256, 512) if c < total_tokens}
+        | {total_tokens}  # the sweep's blocks (up to the largest bucket)
+    )
+    cache_buckets = [c for c in (64, 128, 256, 512, 1024, 2048, 4096) if c < total_tokens]
+    return segments.make_segment_fns(graphdef, cfg, seg_buckets, (*cache_buckets, total_tokens))
+
+
 def opd_costs(
     graphdef,
     params,
@@ -143,15 +157,7 @@ def opd_costs(
         b: median_seconds(lambda b=b: opd_one_shot(b, full_mask), repeats, warmup)
         for b in prefix_buckets
     }
-    seg_lengths = sorted({b - a for n in turn_counts for a, b in _turns(tokens, n)})
-    seg_buckets = sorted(
-        {max(x, 2) for x in seg_lengths}
-        | {max(x - 1, 2) for x in seg_lengths}
-        | {c for c in (128, 256, 512) if c < total_tokens}
-        | {total_tokens}  # the sweep's blocks (up to the largest bucket)
-    )
-    cache_buckets = [c for c in (64, 128, 256, 512, 1024, 2048, 4096) if c < total_tokens]
-    fns = segments.make_segment_fns(graphdef, cfg, seg_buckets, (*cache_buckets, total_tokens))
+    fns = _bench_segment_fns(graphdef, cfg, tokens, turn_counts)
     rows = []
     for n in turn_counts:
         turns = _turns(tokens, n)

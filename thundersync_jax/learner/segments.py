@@ -195,12 +195,7 @@ class SegmentFns:
             new_tokens, loss_mask, teacher_logprobs, token_weights, engine_logprobs
         )
         n = len(new)
-        if traj.pending < 0:  # the trajectory's first token: nothing before it to score it
-            if n and mask[0]:
-                raise ValueError("the first token of a trajectory has no context to score it")
-            inputs, targets, mask, side, engine = new[:-1], new[1:], mask[1:], side[1:], engine[1:]
-        else:
-            inputs, targets = np.concatenate([[traj.pending], new[:-1]]).astype(np.int32), new
+        inputs, targets, mask, side, engine = _shifted(traj.pending, new, mask, side, engine)
         pending = int(new[-1]) if n else traj.pending
         offset = n - len(targets)  # 1 on the trajectory's first call (token 0 unscored)
         logp_out = np.zeros(n, np.float32)
@@ -354,3 +349,16 @@ def make_segment_fns(
     """
     passes = (seg_buckets, cache_buckets, remat, lora, temperature, cache_dtype, pad_id, tis_cap)
     return SegmentFns(graphdef, cfg, *passes, mesh=mesh, grad_shardings=grad_shardings)
+
+
+def _shifted(pending: int, new, mask, side, engine):
+    """(inputs, targets, mask, side, engine): each target scored given the token before it.
+
+    `pending` is the trajectory's last token not yet fed as an input (-1 before its first
+    token: then the first new token has nothing before it and is not scored).
+    """
+    if pending < 0:
+        if len(new) and mask[0]:
+            raise ValueError("the first token of a trajectory has no context to score it")
+        return new[:-1], new[1:], mask[1:], side[1:], engine[1:]
+    return np.concatenate([[pending], new[:-1]]).astype(np.int32), new, mask, side, engine

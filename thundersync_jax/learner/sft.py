@@ -151,24 +151,9 @@ def train_sft(
     tokens, mask = pad_examples(examples)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
-    warmup = max(1, steps // 10)
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, warmup, max(steps, warmup + 1), end_value=learning_rate * 0.1
-    )
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
-    )
+    optimizer = _sft_optimizer(steps, learning_rate, weight_decay)
     opt_state = optimizer.init(params)
-
-    def loss_fn(p, batch_tokens, batch_mask):
-        logits = nnx.merge(graphdef, p, rest)(batch_tokens[:, :-1])
-        return next_token_loss(logits, batch_tokens, batch_mask)
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def train_step(p, state, batch_tokens, batch_mask):
-        loss, grads = jax.value_and_grad(loss_fn)(p, batch_tokens, batch_mask)
-        updates, state = optimizer.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, loss
+    train_step = _sft_step(graphdef, rest, optimizer)
 
     rng = np.random.default_rng(seed)
     order = np.concatenate(
@@ -186,6 +171,33 @@ def train_sft(
     nnx.update(model, params)
     _save_atomically(model, path, dict(losses=losses, hparams=hparams, examples=len(examples)))
     return SFTResult(model, losses, False, path)
+
+
+def _sft_optimizer(steps: int, learning_rate: float, weight_decay: float):
+    """AdamW with a 10% warmup and cosine decay to a tenth, global-norm clipping at 1."""
+    warmup = max(1, steps // 10)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, learning_rate, warmup, max(steps, warmup + 1), end_value=learning_rate * 0.1
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=weight_decay)
+    )
+
+
+def _sft_step(graphdef, rest, optimizer):
+    """The jitted step (params, opt state, tokens, mask) -> (params, opt state, loss)."""
+
+    def loss_fn(p, batch_tokens, batch_mask):
+        logits = nnx.merge(graphdef, p, rest)(batch_tokens[:, :-1])
+        return next_token_loss(logits, batch_tokens, batch_mask)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(p, state, batch_tokens, batch_mask):
+        loss, grads = jax.value_and_grad(loss_fn)(p, batch_tokens, batch_mask)
+        updates, state = optimizer.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    return train_step
 
 
 def train_sft_from_config(

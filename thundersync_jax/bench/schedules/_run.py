@@ -23,6 +23,7 @@ import logging
 import os
 import statistics
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
@@ -142,6 +143,25 @@ def _run_seed(learner: BenchLearner, config, seed: int) -> dict:
                 paired[s].append(sim.simulate(trace, s, step_cost, mct))
             log.info("seed %d round %d %s: %.3f s", seed, r, s, res.step_time_s)
         grad_diffs += [rel_diff(grads[s], grads[schedules[0]]) for s in schedules[1:]]
+    rounds = _Rounds(measured, paired, pool, grad_diffs, round_work)
+    return _seed_summary(learner, config, trace, clipped, cost, rounds)
+
+
+class _Rounds(NamedTuple):
+    """What the counted rounds of one seed measured (see `_run_seed`)."""
+
+    measured: dict
+    paired: dict
+    pool: CalibrationSamples
+    grad_diffs: list
+    round_work: list
+
+
+def _seed_summary(learner: BenchLearner, config, trace, clipped, cost, rounds: _Rounds) -> dict:
+    """One seed's figures: the measured rounds against the predictions (pooled and paired)."""
+    mct, schedules = int(config.max_chunk_tokens), list(config.schedules)
+    measured, paired, pool = rounds.measured, rounds.paired, rounds.pool
+    grad_diffs, round_work = rounds.grad_diffs, rounds.round_work
     pooled, table = fit_cost(pool, learner.seq_buckets)
     simulated = {*schedules, "sync", "async"}
     at_start = {s: sim.simulate(trace, s, cost, mct) for s in simulated}
