@@ -13,7 +13,7 @@ config.json sets the architecture, its tokenizer (and chat template) replaces th
 
 Check a recipe without GPUs (compiles the score-gradient chunk and the optimizer update at
 these shapes and shardings on fake CPU devices, from abstract params; prints the planner's
-per-device GB; exit 0 when it fits; ~2.5 CPU-min per variant, see BENCHMARKS.md issue 18):
+per-device GB; exit 0 when it fits; ~2.5 CPU-min per variant, see BENCHMARKS.md "Scale-out"):
 
     python -m experiments.swe_grpo --config=configs/b200.py:full --dry_run
 

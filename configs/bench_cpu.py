@@ -35,8 +35,8 @@ then per turn; sigma / group_icc shape the turn durations (generation + tool); o
 opd.granularity ("turn" | "trajectory" | "auto"), opd.seg_buckets, opd.cache_buckets (the
 segment learner's padding; trajectories are capped at the largest cache bucket);
 calibrate_on_arrivals (counted rounds' passes see the turns arrive at their trace times).
-Measured (session 7, idle VM, `opd` with the defaults and two hidden-style overrides):
-stream 1.87-1.94x sync, every schedule predicted within 3% (BENCHMARKS.md, issue 14 session 7).
+Measured (idle VM, `opd` with the defaults and two other trace shapes): stream 1.87-1.94x
+sync, every schedule predicted within 3% (BENCHMARKS.md, "Schedules and the predictor").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the embedded engine in its own process, bubblewrap-sandboxed tool calls and pyte
 verifiers; only the reward can tell the fix from the no-op, and the mean reward
 rises to ~0.8-0.9. The final policy is exported to runs/cpu/final/.
 
-Why these values (measured, see BENCHMARKS.md "It learns"): the tiny byte-level
+Why these values (measured, see BENCHMARKS.md "Learning"): the tiny byte-level
 policy sits on a knife edge. Along one batch's gradient, an L2 step of 0.02 raises
 the fix-vs-no-op margin by several nats while the rest of the transcript holds;
 0.05 already costs the successful transcripts 4 nats, 0.1 destroys them. Adam's

@@ -181,7 +181,7 @@ def _read_counter(adds, index):
     The skip-on-overflow guard makes every element of the add depend on this count.
     Read as a slice, XLA fused the slice and the comparison into each leaf's elementwise
     loop, recomputing them per element: the bucket add ran ~4x slower on CPU (6 ms vs
-    1.1-1.9 ms for 98K params; BENCHMARKS "Issue 16 (session 6)").
+    1.1-1.9 ms for 98K params; BENCHMARKS.md, "Determinism").
     """
     hit = jnp.ones(adds.shape, bool)
     for axis, i in enumerate(index):

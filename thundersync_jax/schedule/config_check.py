@@ -133,7 +133,6 @@ def _check_rollout(c) -> None:
         )
 
 
-
 def _check_env(c) -> None:
     family = _registered(task_families.get, c.env.family)
     try:
