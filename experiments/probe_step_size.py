@@ -23,7 +23,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from thundersync_jax import accumulators
-from thundersync_jax.envs import agent_demos, agent_loop
+from thundersync_jax.envs import agent_demos
+from thundersync_jax.envs.trajectory import LoopLimits
 from thundersync_jax.learner import chunks, sft
 from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.models import qwen3
@@ -53,7 +54,7 @@ def main(argv):
         raise ValueError(f"--steps={_STEPS.value}: every step length must be > 0")
     tasks = components.build_tasks(config, workdir)
     tok = tokenizers.from_config(config)
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    limits = LoopLimits.from_config(config.rollout)
     model = qwen3.from_pretrained(_POLICY.value)
     group_size = int(config.rl.group_size)
     trajs = components.play_tasks(

@@ -22,12 +22,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-ENV_KEYS = (
-    "CUDA_VISIBLE_DEVICES",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-)
-
 
 def node_gpus(config: Any) -> dict[str, range] | None:
     """The node's GPUs of each role, in the one order: rollout, then teacher, then learner.

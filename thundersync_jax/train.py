@@ -31,7 +31,8 @@ import jax
 
 from thundersync_jax import algorithms, distributed, gpu_node, metrics
 from thundersync_jax.algorithms.base import MemberEnd
-from thundersync_jax.envs import agent_loop, task_families
+from thundersync_jax.envs import task_families
+from thundersync_jax.envs.trajectory import LoopLimits
 from thundersync_jax.learner import regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
@@ -43,6 +44,7 @@ from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.lora_policy import check_lora_config
 from thundersync_jax.schedule.planner import Planner
 from thundersync_jax.schedule.setup import build_policy, export_final, start_engines
+from thundersync_jax.sim import timelines
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class _Run:
             make_env=task_families.env_factory(c, self.tasks, self.workdir, step),
             sampler=self.fleet.sampler,
             tok=self.tok,
-            limits=agent_loop.LoopLimits.from_config(c.rollout),
+            limits=LoopLimits.from_config(c.rollout),
             work=self.algo.episode_work(self.services, timeline),
             timeline=timeline,
             max_concurrency=int(c.rollout.max_batch),
@@ -318,7 +320,7 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
     )
     out = run.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
     if run.dp.info.is_main:
-        components.save_step_artifacts(config, run.workdir, step, timeline)
+        _save_step_artifacts(config, run.workdir, step, timeline)
     log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
     return new_state, nxt, out, run.learner.carry(batch)
 
@@ -355,3 +357,14 @@ def _step_metrics(run: _Run, step: int, timeline, batch, planner, compiles_befor
         compiles=int(run.learner.compiles() - compiles_before),
     )
     return out
+
+
+def _save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Timeline) -> None:
+    """Arrival trace every step (for the benchmark); timeline picture + Chrome trace every N."""
+    timelines.export_arrivals(timeline, os.path.join(workdir, "traces", "arrivals.jsonl"), step)
+    every = int(config.metrics.timeline_every)
+    if every and step % every == 0:
+        out = os.path.join(workdir, "timelines")
+        os.makedirs(out, exist_ok=True)
+        metrics.plot_timeline(timeline, os.path.join(out, f"step{step:05d}.png"))
+        metrics.write_chrome_trace(timeline, os.path.join(out, f"step{step:05d}.trace.json"))

@@ -9,10 +9,10 @@ import pytest
 from flax import nnx
 
 from configs import common
-from thundersync_jax.envs import agent_loop, chat
-from thundersync_jax.envs.agent_loop import EpisodeIds, LoopLimits, Sample
+from thundersync_jax.envs import agent_loop, chat, tool_calls
 from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, ToolSpec, VerifierResult
+from thundersync_jax.envs.trajectory import EpisodeIds, LoopLimits, Sample
 from thundersync_jax.models import qwen3, sampling, tokenizer
 from thundersync_jax.rollout.client import EngineClient
 from thundersync_jax.rollout.embedded import EmbeddedEngine
@@ -107,7 +107,7 @@ def test_episode_bookkeeping_matches_template(kind, request):
     obs = [t.observations for t in traj.turns]
     assert "not valid JSON" in obs[0][0]
     assert obs[1] == ["error: unknown tool 'mul'; tools: add, submit"]
-    assert obs[2] == [chat.no_call_error(CounterEnv.tools)]
+    assert obs[2] == [tool_calls.no_call_error(CounterEnv.tools)]
     assert obs[3] == ["error: amount must be an integer, got 'x'", "counter=5"]
     assert obs[4] == ["submitted"]  # the add after submit never ran
     assert [t.num_errors for t in traj.turns] == [1, 1, 1, 0, 0]

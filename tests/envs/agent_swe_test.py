@@ -5,8 +5,8 @@ import pytest
 
 from configs import common
 from thundersync_jax.envs import agent_demos, agent_loop, chat
-from thundersync_jax.envs.agent_loop import EpisodeIds, LoopLimits, Sample
 from thundersync_jax.envs.swe import factory
+from thundersync_jax.envs.trajectory import EpisodeIds, LoopLimits, Sample
 from thundersync_jax.models import tokenizer
 
 

@@ -15,12 +15,6 @@ TOOLS = (
 )
 
 
-def test_parser_is_still_reachable_from_chat():
-    assert chat.parse_tool_calls is tool_calls.parse_tool_calls
-    assert chat.ParsedCall is tool_calls.ParsedCall
-    assert chat.no_call_error is tool_calls.no_call_error
-
-
 _json_scalars = st.one_of(st.text(max_size=30), st.integers(), st.booleans(), st.none())
 _args = st.fixed_dictionaries({"path": _json_scalars, "old": st.text(), "new": st.text()})
 

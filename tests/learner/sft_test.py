@@ -6,8 +6,8 @@ import pytest
 
 from configs import common
 from thundersync_jax.envs import agent_demos, chat
-from thundersync_jax.envs.agent_loop import LoopLimits
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, ToolSpec, VerifierResult
+from thundersync_jax.envs.trajectory import LoopLimits
 from thundersync_jax.learner import sft
 from thundersync_jax.models import qwen3, tokenizer
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from thundersync_jax.models import sampling
-from thundersync_jax.rollout import embedded
+from thundersync_jax.rollout import embedded, embedded_programs
 from thundersync_jax.rollout.protocol import GenerateRequest, RequestError
 
 ROWS = 3  # fewer rows than requests: rows are refilled while others decode
@@ -35,11 +35,11 @@ def _run(engine, requests):
 
 
 def test_length_buckets_cover_every_prompt():
-    assert embedded.length_buckets(64) == (16, 32, 64)
-    assert embedded.length_buckets(100) == (16, 32, 64, 100)
-    assert embedded.bucket_for(17, (16, 32)) == 32
+    assert embedded_programs.length_buckets(64) == (16, 32, 64)
+    assert embedded_programs.length_buckets(100) == (16, 32, 64, 100)
+    assert embedded_programs.bucket_for(17, (16, 32)) == 32
     with pytest.raises(ValueError, match="exceeds the largest bucket 32"):
-        embedded.bucket_for(33, (16, 32))
+        embedded_programs.bucket_for(33, (16, 32))
 
 
 def test_continuous_batching_matches_the_batch_generator(engine, model, tiny):

@@ -91,11 +91,3 @@ def on_host(update: Callable) -> Callable:
         return body(*to_host(args))
 
     return run
-
-
-def is_host_resident(tree) -> bool:
-    """Whether every concrete leaf of `tree` lives in a host memory space."""
-    kinds = [
-        getattr(getattr(x, "sharding", None), "memory_kind", None) for x in jax.tree.leaves(tree)
-    ]
-    return bool(kinds) and all(k in _HOST_KINDS for k in kinds)

@@ -78,8 +78,3 @@ def _host_zeros(params, lead_dims: tuple[int, ...]):
         return _host.to_host(zeros())  # under a trace: an annotated transfer
     shardings = jax.tree.map(lambda p: _host_stacked_sharding(p, len(lead_dims)), params)
     return jax.jit(zeros, out_shardings=shardings)()
-
-
-def scaled_sum(coefficients, tallies):
-    """Σ_j coefficients[j] · tallies[j] over the leading axis of each leaf."""
-    return jax.tree.map(lambda t: jnp.tensordot(coefficients, t, axes=1), tallies)

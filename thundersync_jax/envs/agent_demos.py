@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from thundersync_jax.envs import chat
-from thundersync_jax.envs.agent_loop import LoopLimits, Transcript
 from thundersync_jax.envs.base import Environment, ToolCall
+from thundersync_jax.envs.trajectory import LoopLimits
+from thundersync_jax.envs.transcript import Transcript
 from thundersync_jax.learner.sft import SFTExample
 from thundersync_jax.models.tokenizer import Tokenizer
 

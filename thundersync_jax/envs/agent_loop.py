@@ -20,10 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from thundersync_jax.envs import chat, tool_calls
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, ToolSpec, VerifierResult
-
-# The records and the transcript builder live in their own modules; they are re-exported
-# here because callers know them as `agent_loop.LoopLimits`, `agent_loop.Trajectory`, ...
-from thundersync_jax.envs.trajectory import (  # noqa: F401
+from thundersync_jax.envs.trajectory import (
     EpisodeIds,
     LoopLimits,
     Sample,
@@ -32,7 +29,7 @@ from thundersync_jax.envs.trajectory import (  # noqa: F401
     Turn,
     TurnKey,
 )
-from thundersync_jax.envs.transcript import Transcript, truncate_text  # noqa: F401
+from thundersync_jax.envs.transcript import Transcript
 from thundersync_jax.models.tokenizer import Tokenizer
 
 ERROR_PREFIX = "error:"  # how environments and the call parser mark a failed call's observation

@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from thundersync_jax.envs.agent_loop import Sample, TurnKey
+from thundersync_jax.envs.trajectory import Sample, TurnKey
 from thundersync_jax.models import sampling
 from thundersync_jax.rollout.protocol import GenerateRequest
 
@@ -52,7 +52,7 @@ class GenerateSampler:
         model: a `qwen3.Qwen3` (or anything `sampling.generate` accepts).
         params: temperature, top_p and stop ids; `max_new_tokens` is set per request.
         pad_id: padding id for batched prompts.
-        policy_version: reported with every sample; `set_model` updates it. -1, as for the
+        policy_version: reported with every sample. -1, as for the
           rollout engine, means initial weights that were never published.
         max_batch: most requests per `generate` call.
         batch_wait_s: how long the worker waits for more requests before running a batch.
@@ -70,11 +70,6 @@ class GenerateSampler:
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
-
-    def set_model(self, model: Any, policy_version: int) -> None:
-        """Swaps in new weights; requests taken after this call use them."""
-        with self._lock:
-            self.model, self.policy_version = model, policy_version
 
     def sample(self, prompt_tokens: Sequence[int], key_ids: TurnKey, max_new_tokens: int) -> Sample:
         future: concurrent.futures.Future = concurrent.futures.Future()

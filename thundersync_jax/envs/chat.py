@@ -10,7 +10,7 @@ Two formats render the same conversation:
 * `CompactFormat` — the same structure with one-token role markers (`<|user|>`), one line
   of tool signatures and compact JSON, so tiny byte-level models get short contexts.
 
-Tool calls are parsed by `tool_calls.parse_tool_calls` (re-exported here).
+Tool calls are parsed by `tool_calls.parse_tool_calls`.
 
 The agent loop never re-renders sampled tokens: it appends `generation_prompt()` pieces and
 `tool_results_text(...)` after each sampled turn, and the tests check that this incremental
@@ -26,16 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from thundersync_jax.envs.base import ToolCall, ToolSpec
-
-# The parser has its own module; callers know it as `chat.parse_tool_calls`.
-from thundersync_jax.envs.tool_calls import (  # noqa: F401
-    MAX_CALL_CHARS,
-    MAX_CALLS_PER_TURN,
-    ParsedCall,
-    ParsedTurn,
-    no_call_error,
-    parse_tool_calls,
-)
 from thundersync_jax.models import tokenizer as tokenizer_lib
 
 IM_START = tokenizer_lib.IM_START

@@ -6,7 +6,7 @@ with this project's Qwen3 spelling. The loop never re-renders sampled tokens, so
 the template's pieces one at a time; each piece is cut out of two full renders that differ
 by one message (the template must be prefix-stable: rendering more messages only appends,
 as chat templates used for multi-turn generation are). Tool calls are parsed as
-`<tool_call>` JSON blocks (`chat.parse_tool_calls`), Qwen's and Hermes' convention.
+`<tool_call>` JSON blocks (`tool_calls.parse_tool_calls`), Qwen's and Hermes' convention.
 """
 
 from __future__ import annotations

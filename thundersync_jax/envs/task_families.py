@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from thundersync_jax.envs import agent_demos, agent_loop, terminal
+from thundersync_jax.envs import agent_demos, terminal
 from thundersync_jax.envs.swe import factory
+from thundersync_jax.envs.trajectory import LoopLimits
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _swe_env(config, task, workdir: str):
 
 
 def _swe_demos(config, tasks: list, tok, workdir: str) -> list:
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    limits = LoopLimits.from_config(config.rollout)
     return agent_demos.demonstration_examples(
         [lambda t=t: _swe_env(config, t, workdir) for t in tasks],
         tok,
@@ -102,7 +103,7 @@ def _terminal_env(config, task, workdir: str):
 
 
 def _terminal_demos(config, tasks: list, tok, workdir: str) -> list:
-    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    limits = LoopLimits.from_config(config.rollout)
     examples = agent_demos.demonstration_examples(
         [lambda t=t: _terminal_env(config, t, workdir) for t in tasks],
         tok,

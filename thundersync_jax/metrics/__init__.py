@@ -13,8 +13,6 @@ This is the bottom layer: it imports nothing of sim, schedule, envs or rollout (
 checks). The bridges to the simulator live in `thundersync_jax.sim.timelines`.
 """
 
-import importlib
-
 from thundersync_jax.metrics._chrome import chrome_trace_events, write_chrome_trace
 from thundersync_jax.metrics._plot import LEARNER_COLORS, plot_timeline
 from thundersync_jax.metrics._progress import StepProgress
@@ -60,14 +58,3 @@ __all__ = [
     "tail_s",
     "write_chrome_trace",
 ]
-
-# Old homes of the simulator bridges, forwarded on first use so that code written against
-# `metrics.export_arrivals` keeps working without `import thundersync_jax.metrics` loading
-# the simulator. New code imports them from `thundersync_jax.sim.timelines`.
-_MOVED_TO_SIM = ("arrivals_from_timeline", "export_arrivals", "timeline_from_sim")
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_SIM:
-        return getattr(importlib.import_module("thundersync_jax.sim.timelines"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

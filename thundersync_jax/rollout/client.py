@@ -103,11 +103,6 @@ class EngineClient:
                 self._pending.pop(rid, None)
         self._send({"op": protocol.OP_CANCEL, "request_ids": list(request_ids)})
 
-    def in_flight(self) -> list[GenerateRequest]:
-        """Requests sent and not yet answered."""
-        with self._lock:
-            return [req for req, _ in self._pending.values()]
-
     # ------------------------------------------------------------------ calls
 
     def call_async(self, op: str, **fields: Any) -> concurrent.futures.Future:

@@ -37,8 +37,6 @@ from thundersync_jax.models import lora as lora_lib
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import embedded_programs as programs
 from thundersync_jax.rollout import protocol, snapshots
-
-# Also reachable as `embedded.length_buckets` / `embedded.bucket_for`, their old home.
 from thundersync_jax.rollout.embedded_programs import bucket_for, length_buckets
 from thundersync_jax.rollout.protocol import GenerateRequest, GenerateResult
 

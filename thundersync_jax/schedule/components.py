@@ -18,6 +18,7 @@ import jax
 from thundersync_jax import metrics
 from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.envs.agent_samplers import EngineSampler, GenerateSampler
+from thundersync_jax.envs.trajectory import EpisodeIds, LoopLimits
 from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import engine_cmd, snapshots
 from thundersync_jax.rollout.manager import EngineManager
@@ -65,26 +66,15 @@ def play_tasks(
     episodes = [
         agent_loop.Episode(
             lambda t=task: make_env(config, t, workdir),
-            agent_loop.EpisodeIds(seed, 0, i, m),
+            EpisodeIds(seed, 0, i, m),
         )
         for i, task in enumerate(tasks)
         for m in range(samples)
     ]
     max_batch = int(config.rollout.max_batch)
     with GenerateSampler(model, params, tok.pad_id, max_batch=max_batch) as s:
-        limits = agent_loop.LoopLimits.from_config(config.rollout)
+        limits = LoopLimits.from_config(config.rollout)
         return list(agent_loop.run_episodes(episodes, s, tok, limits, max_concurrency=max_batch))
-
-
-def save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Timeline) -> None:
-    """Arrival trace every step (for the benchmark); timeline picture + Chrome trace every N."""
-    metrics.export_arrivals(timeline, os.path.join(workdir, "traces", "arrivals.jsonl"), step)
-    every = int(config.metrics.timeline_every)
-    if every and step % every == 0:
-        out = os.path.join(workdir, "timelines")
-        os.makedirs(out, exist_ok=True)
-        metrics.plot_timeline(timeline, os.path.join(out, f"step{step:05d}.png"))
-        metrics.write_chrome_trace(timeline, os.path.join(out, f"step{step:05d}.trace.json"))
 
 
 class EngineFleet:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from thundersync_jax.envs import agent_loop
+from thundersync_jax.envs.trajectory import EpisodeIds, LoopLimits, Trajectory, Turn
 from thundersync_jax.metrics import ROLLOUT, Timeline
 from thundersync_jax.schedule.learner_loop import MemberFailed
 from thundersync_jax.schedule.planner import WorkItem
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 # (group, member, trajectory so far, the turn just sampled, emit) -> a future that is done once
 # the turn's learner items were emitted (its exception loses the member), or None.
 TurnHook = Callable[
-    [int, int, agent_loop.Trajectory, agent_loop.Turn, Callable[[WorkItem], None]],
+    [int, int, Trajectory, Turn, Callable[[WorkItem], None]],
     "concurrent.futures.Future | None",
 ]
 
@@ -48,7 +49,7 @@ class EpisodeWork:
         or None.
     """
 
-    finish: Callable[[int, int, agent_loop.Trajectory, float], WorkItem]
+    finish: Callable[[int, int, Trajectory, float], WorkItem]
     on_turn: TurnHook | None = None
     lose: Callable[[int, int, int, float], WorkItem] | None = None
 
@@ -77,7 +78,7 @@ def _run_member(k: int, m: int, *, ids, make_env, sampler, tok, limits, work, ou
     on_turn = None
     if work.on_turn is not None:
 
-        def on_turn(traj: agent_loop.Trajectory, turn: agent_loop.Turn) -> None:
+        def on_turn(traj: Trajectory, turn: Turn) -> None:
             fut = work.on_turn(k, m, traj, turn, out.put)
             if fut is not None:
                 with lock:
@@ -133,7 +134,7 @@ def launch_batch(
     make_env: Callable[[int, int], object],
     sampler,
     tok,
-    limits: agent_loop.LoopLimits,
+    limits: LoopLimits,
     work: EpisodeWork,
     timeline: Timeline,
     max_concurrency: int,
@@ -158,7 +159,7 @@ def launch_batch(
                     _run_member,
                     k,
                     m,
-                    ids=agent_loop.EpisodeIds(seed, step, k, m),
+                    ids=EpisodeIds(seed, step, k, m),
                     timeline=timeline,
                     **shared,
                 )

@@ -17,8 +17,6 @@ import ml_collections
 from thundersync_jax.bench.schedules._learner import BenchLearner, learner_from_config
 from thundersync_jax.bench.schedules._run import run_benchmark
 
-SWEEP_FILES = ("sweep.json", "sweep.md", "sweep.png")
-
 
 def _point(result: dict, balance: float, sigma: float, icc: float) -> dict:
     rows = result["schedules"]
