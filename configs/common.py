@@ -14,22 +14,22 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
     """A tiny Qwen3 that trains in minutes on 2 CPU cores (byte-level vocabulary)."""
     return ml_collections.ConfigDict(
         dict(
-            model_type="qwen3",
+            model_type="qwen3",  # architecture (HF config.json `model_type`)
             vocab_size=384,  # 256 bytes + special tokens, padded
-            hidden_size=64,
-            intermediate_size=176,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            rope_theta=10000.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            attention_bias=False,
-            max_position_embeddings=4096,
+            hidden_size=64,  # width of the residual stream
+            intermediate_size=176,  # width of the MLP
+            num_hidden_layers=2,  # decoder layers
+            num_attention_heads=4,  # query heads
+            num_key_value_heads=2,  # key/value heads (grouped-query attention)
+            head_dim=16,  # width of one attention head
+            rope_theta=10000.0,  # rotary position embedding base
+            rms_norm_eps=1e-6,  # epsilon of every RMSNorm
+            tie_word_embeddings=True,  # the output head reuses the input embedding
+            attention_bias=False,  # bias on the q/k/v projections (Qwen2)
+            max_position_embeddings=4096,  # longest sequence the model accepts
             checkpoint="",  # HF safetensors directory; empty = random init
             dtype="float32",  # activation / compute dtype
-            param_dtype="float32",
+            param_dtype="float32",  # dtype of the stored parameters
             remat=False,  # per-layer rematerialization for long sequences
         )
     )
@@ -37,35 +37,44 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
 
 def get_base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.num_steps = 20
-    c.schedule = "stream"  # sync | group | stream | async
+    c.seed = 0  # seeds the warm start, the parameters and every sampling key
+    c.num_steps = 20  # optimizer steps (one per batch) of the run
+    c.schedule = "stream"  # when the learner takes a batch's work (docs/design.md)
     c.model = tiny_qwen3_model()
-    # kind: auto (model.checkpoint's tokenizer if it has one, else byte) | byte | hf (path).
-    c.tokenizer = ml_collections.ConfigDict(dict(kind="auto", path=""))
+    c.tokenizer = ml_collections.ConfigDict(
+        dict(
+            kind="auto",  # auto: model.checkpoint's tokenizer if it has one, else byte
+            path="",  # an HF tokenizer directory; overrides `kind`
+        )
+    )
     c.mesh = ml_collections.ConfigDict(
-        dict(fsdp=1, tp=1, rules=())
-    )  # rules: ((logical, mesh axis), ...) over the defaults
+        dict(
+            fsdp=1,  # learner devices the params and the batch are sharded over
+            tp=1,  # learner devices each layer's matrices are split over
+            rules=(),  # ((logical axis, mesh axis), ...) over the default sharding rules
+        )
+    )
     c.lora = ml_collections.ConfigDict(
         dict(
-            enabled=False,
-            rank=8,
-            alpha=16.0,
+            enabled=False,  # train LoRA adapters instead of every parameter
+            rank=8,  # rank of each adapter
+            alpha=16.0,  # adapter scale alpha / rank
+            # the projections that get adapters
             targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-            publish="adapters",  # adapters | merged
+            publish="adapters",  # what the engines receive: the adapters or the merged weights
         )
     )
     c.rl = ml_collections.ConfigDict(
         dict(
-            algorithm="grpo",  # grpo | opd
-            num_groups=4,
-            group_size=4,
-            advantage="grpo",
-            loss_agg="seq-mean-token-mean",
-            eps=1e-6,
-            std_ddof=1,
+            algorithm="grpo",  # the learning algorithm (`algorithms/`)
+            num_groups=4,  # prompts (groups) per batch
+            group_size=4,  # trajectories sampled per prompt
+            advantage="grpo",  # advantage estimator (`accumulators.register_advantage` adds one)
+            loss_agg="seq-mean-token-mean",  # how token terms are weighted and normalised
+            eps=1e-6,  # ε in (r − μ)/(σ + ε)
+            std_ddof=1,  # 1: Bessel-corrected group std (as verl), or 0
             max_len=0,  # for seq-mean-token-sum-norm; 0 = rollout.max_traj_tokens
-            max_open_groups=0,  # 0 = no cap
+            max_open_groups=0,  # groups with live tallies at once (0 = no cap)
             # OPD: trajectories whose learner KV cache is kept at once (0 = no cap); turns of a
             # new trajectory wait while that many are open (backpressure, never OOM).
             max_open_trajectories=0,
@@ -77,9 +86,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             # GRPO: forward and backpropagate each group's prompt once (learner KV cache,
             # prompt-sized cotangent tallies); exact for affine estimators, others fall back.
             shared_prompt=False,
-            kl_coef=0.0,
-            kl_estimator="k3",  # k1 | k3
-            entropy_coef=0.0,
+            kl_coef=0.0,  # coefficient of the KL term to the reference policy (0 = off)
+            kl_estimator="k3",  # per-token KL estimator of that term
+            entropy_coef=0.0,  # coefficient of the entropy bonus (0 = off)
             # True: every score-gradient call holds one trajectory (one OPD turn) in every
             # schedule, so a call's composition is fixed by the data, never by timing.
             deterministic=False,
@@ -95,12 +104,12 @@ def get_base_config() -> ml_collections.ConfigDict:
     c.accum = ml_collections.ConfigDict(dict(placement="device"))
     c.optim = ml_collections.ConfigDict(
         dict(
-            name="adamw",
-            learning_rate=1e-4,
-            weight_decay=0.0,
-            b1=0.9,
-            b2=0.999,
-            max_grad_norm=1.0,
+            name="adamw",  # optimizer
+            learning_rate=1e-4,  # peak learning rate
+            weight_decay=0.0,  # decoupled weight decay (adamw)
+            b1=0.9,  # Adam's first-moment decay
+            b2=0.999,  # Adam's second-moment decay
+            max_grad_norm=1.0,  # clip the finalized gradient to this global norm (0 = off)
             warmup_steps=0,  # linear learning-rate ramp over the first N applied updates
             decay_steps=0,  # > 0: cosine decay to 0 at that update (after the warmup)
             # An all-zero gradient (every group's rewards equal) skips the step instead of
@@ -110,25 +119,25 @@ def get_base_config() -> ml_collections.ConfigDict:
     )
     c.rollout = ml_collections.ConfigDict(
         dict(
-            engine="embedded",  # embedded | vllm
-            num_engines=1,
-            max_batch=16,
-            temperature=1.0,
-            top_p=1.0,
-            max_turns=8,
-            max_new_tokens_per_turn=192,
-            max_traj_tokens=2048,
+            engine="embedded",  # the rollout engine: in-process JAX sampler or vLLM
+            num_engines=1,  # rollout engine processes
+            max_batch=16,  # episodes running at once (requests batched by an engine)
+            temperature=1.0,  # sampling temperature (the learner scores at the same)
+            top_p=1.0,  # nucleus sampling; must stay 1 (the learner scores the full softmax)
+            max_turns=8,  # turns per episode
+            max_new_tokens_per_turn=192,  # tokens sampled per turn
+            max_traj_tokens=2048,  # tokens per trajectory (prompt, turns and observations)
             max_error_turns=0,  # stop after this many malformed turns in a row; 0 = never
-            snapshot_root="/dev/shm/thundersync",
-            request_timeout_s=300.0,
+            snapshot_root="/dev/shm/thundersync",  # where published weights are written
+            request_timeout_s=300.0,  # an engine request unanswered this long is an error
             # vLLM engine (rollout/engine_cmd.py): interpreter ("" = $THUNDERSYNC_VLLM_PYTHON or
             # .venv-vllm), extra vllm.LLM kwargs as JSON, KV-cache fraction of RAM on CPU, and
             # the load probe: tokens scored after every load, tolerance (0 = by model.dtype).
-            engine_python="",
-            vllm_kwargs="",
-            cpu_memory_fraction=0.1,
-            probe_tokens=32,
-            probe_atol=0.0,
+            engine_python="",  # interpreter of the vLLM engine
+            vllm_kwargs="",  # extra vllm.LLM keyword arguments, as JSON
+            cpu_memory_fraction=0.1,  # vLLM's KV-cache share of RAM on CPU
+            probe_tokens=32,  # tokens the load probe scores after every weight load
+            probe_atol=0.0,  # the probe's tolerance in nats (0 = by model.dtype)
         )
     )
     c.env = ml_collections.ConfigDict(
@@ -136,46 +145,57 @@ def get_base_config() -> ml_collections.ConfigDict:
             family="mini_swe",  # mini_swe | terminal | swe_jsonl
             instances="",  # JSONL path for swe_jsonl
             image="",  # SWE tasks run in this OCI layout / docker-save tarball ("" = host)
-            difficulty="easy",
-            num_tasks=32,
-            sandbox_timeout_s=20.0,
-            sandbox_memory_mb=1024,
+            difficulty="easy",  # easy | medium | hard tasks of the family
+            num_tasks=32,  # tasks in the pool
+            sandbox_timeout_s=20.0,  # wall-clock limit of one sandboxed command
+            sandbox_memory_mb=1024,  # memory limit of the sandbox
             partial_credit=False,  # reward = fraction of tests passing instead of all-or-nothing
+            terminal_families=(),  # terminal family: the task kinds to draw from (empty = all)
         )
     )
     c.learner = ml_collections.ConfigDict(
         dict(
-            seq_buckets=(128, 256, 512, 1024, 2048),
-            pack_same_slot=True,
+            seq_buckets=(128, 256, 512, 1024, 2048),  # padded lengths of score-gradient calls
+            pack_same_slot=True,  # pack trajectories of one (group, bucket) slot into a call
         )
     )
-    c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
+    c.checkpoint = ml_collections.ConfigDict(
+        dict(
+            every=5,  # save the train state every N steps (and at the end; 0 = never)
+            keep=2,  # checkpoints kept
+        )
+    )
     # Data-parallel learner processes (DESIGN §7): empty/0/-1 = from the launcher's
     # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the cluster, else one
     # process. debug_check_replicas: hash every replica's train state after each step.
     c.distributed = ml_collections.ConfigDict(
         dict(
-            coordinator_address="",
-            num_processes=0,
-            process_id=-1,
-            init_timeout_s=120.0,
-            heartbeat_timeout_s=30,
-            debug_check_replicas=False,
+            coordinator_address="",  # host:port of process 0 ("" = from the launcher)
+            num_processes=0,  # learner processes (0 = from the launcher, else 1)
+            process_id=-1,  # this process's index (-1 = from the launcher)
+            init_timeout_s=120.0,  # how long to wait for every process to join
+            heartbeat_timeout_s=30,  # a process silent this long ends the run
+            debug_check_replicas=False,  # hash every replica's train state after each step
         )
     )
-    c.metrics = ml_collections.ConfigDict(dict(timeline_every=5, tensorboard=True))
+    c.metrics = ml_collections.ConfigDict(
+        dict(
+            timeline_every=5,  # timeline picture and Chrome trace every N steps (0 = never)
+            tensorboard=True,  # also write TensorBoard events
+        )
+    )
     c.sft = ml_collections.ConfigDict(
         # cache_dir "" = workdir. decoys: also imitate a failed (no-op edit) attempt per task,
         # so the warm start keeps a choice at the edit that only the reward can settle.
         # on_checkpoint: also run the warm start when model.checkpoint is given (off: a user's
         # checkpoint, possibly 27B, is not fine-tuned on the toy demonstrations by default).
         dict(
-            steps=200,
-            learning_rate=3e-3,
-            batch_size=8,
-            cache_dir="",
-            decoys=False,
-            on_checkpoint=False,
+            steps=200,  # warm-start SFT steps on the task family's demonstrations
+            learning_rate=3e-3,  # its peak learning rate
+            batch_size=8,  # demonstrations per SFT step
+            cache_dir="",  # where warm starts are cached ("" = workdir)
+            decoys=False,  # also imitate a failed (no-op edit) attempt per task
+            on_checkpoint=False,  # also warm-start a given model.checkpoint
         )
     )
     return c

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 
+from configs import common
 from thundersync_jax import algorithms, distributed, gpu_node, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import task_families
@@ -38,7 +39,7 @@ from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.schedule import components, episodes, schedules
-from thundersync_jax.schedule.config_check import ConfigError, check_config
+from thundersync_jax.schedule.config_check import ConfigError, check_config, check_keys
 from thundersync_jax.schedule.data_parallel import DataParallel
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.lora_policy import check_lora_config
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 
 def check(config, entry_algorithm: str | None = None):
     """Every start-up check; returns (algorithm, schedule, task family). Raises ConfigError."""
+    check_keys(config, common.get_base_config())
     check_config(config)
     check_lora_config(config)
     try:

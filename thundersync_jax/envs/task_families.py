@@ -81,7 +81,7 @@ def _check_terminal(config) -> None:
 
 
 def _terminal_families(config) -> tuple[str, ...] | None:
-    return tuple(config.env.get("terminal_families", ()) or ()) or None
+    return tuple(config.env.terminal_families) or None
 
 
 def _terminal_tasks(config, workdir: str) -> list:

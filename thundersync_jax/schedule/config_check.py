@@ -9,11 +9,35 @@ by configuration, so they are refused here with the offending key named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from thundersync_jax import accumulators
 from thundersync_jax.envs import task_families
+from thundersync_jax.learner import regularizers, train_state
 from thundersync_jax.losses import logprob_gap
+from thundersync_jax.models import tokenizer
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.schedule import schedules
+
+# Keys whose value is a name, and where the valid names come from: the registries, so that
+# whatever is registered (`accumulators.register_advantage`, ...) is valid at once.
+# `rl.algorithm` is checked by `train.check` against `algorithms.NAMES` (algorithms sit above
+# this module).
+CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
+    "schedule": lambda: schedules.NAMES,
+    "rl.advantage": accumulators.advantage_names,
+    "rl.loss_agg": accumulators.loss_agg_names,
+    "rl.kl_estimator": lambda: tuple(regularizers.KL_ESTIMATORS),
+    "accum.placement": lambda: accumulators.TALLY_PLACEMENTS,
+    "optim.name": lambda: train_state.OPTIMIZERS,
+    "rollout.engine": lambda: engine_cmd.ENGINES,
+    "env.family": lambda: task_families.NAMES,
+    "tokenizer.kind": lambda: tokenizer.TOKENIZER_KINDS,
+    "lora.publish": lambda: ("adapters", "merged"),
+}
+# Sections whose keys differ between configs: `model` holds the HF config.json fields of
+# whichever architecture; `teacher` (OPD) and `node` (GPU recipes) exist only where needed.
+OPEN_SECTIONS = ("model", "teacher", "node")
 
 
 class ConfigError(ValueError):
@@ -39,6 +63,54 @@ def _registered(lookup, name):
         raise ConfigError(str(e)) from None
 
 
+def _lookup(c, path: str):
+    node = c
+    for part in path.split("."):
+        if part not in node:
+            raise ConfigError(f"the config has no {path} (configs.common.get_base_config has it)")
+        node = node[part]
+    return node
+
+
+def check_keys(c, base) -> None:
+    """Every key of `c` exists in `base` (the defaults, `configs.common.get_base_config()`)
+    with a value of the default's type; ConfigError naming the key and what is valid."""
+    for section, value in c.items():
+        if section not in base and section not in OPEN_SECTIONS:
+            valid = ", ".join(sorted({*base.keys(), *OPEN_SECTIONS}))
+            raise ConfigError(f"unknown config section {section!r}; valid: {valid}")
+        if section in OPEN_SECTIONS or not hasattr(value, "items"):
+            if section in base:
+                _check_type(section, value, base[section])
+            continue
+        for key, leaf in value.items():
+            if key not in base[section]:
+                valid = ", ".join(sorted(base[section].keys()))
+                raise ConfigError(f"unknown key {section}.{key}; {section} has: {valid}")
+            _check_type(f"{section}.{key}", leaf, base[section][key])
+
+
+def _check_type(path: str, value, default) -> None:
+    if hasattr(default, "items") or default is None or callable(value):
+        return
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), tuple: (tuple, list)}
+    wanted = kinds.get(type(default), (type(default),))
+    if not isinstance(value, wanted) or (wanted != (bool,) and isinstance(value, bool)):
+        raise ConfigError(
+            f"{path}={value!r} has type {type(value).__name__}; it must be "
+            f"{type(default).__name__} (default {default!r})"
+        )
+
+
+def check_choices(c) -> None:
+    """Every name-valued key (`CHOICES`) names something registered."""
+    for path, names in CHOICES.items():
+        value = _lookup(c, path)
+        if path == "rl.advantage" and callable(value):
+            continue  # a callable estimator, not a name
+        _choice(path, value, names())
+
+
 def check_config(c) -> None:
     """Raises ConfigError naming the first bad value; returns None when the config is usable.
 
@@ -47,7 +119,7 @@ def check_config(c) -> None:
     algorithm's own checks (`algorithms.get(name).check_config`) come on top (`train.check`
     runs both).
     """
-    _registered(schedules.get, c.schedule)
+    check_choices(c)
     _positive("num_steps", c.num_steps, allow_zero=True)
     _check_rl(c)
     _check_optim(c)
@@ -58,13 +130,9 @@ def check_config(c) -> None:
     _positive("sft.steps", c.sft.steps, allow_zero=True)
     if c.lora.enabled:
         _positive("lora.rank", c.lora.rank)
-        _choice("lora.publish", c.lora.publish, ("adapters", "merged"))
 
 
 def _check_rl(c) -> None:
-    if not callable(c.rl.advantage):
-        _choice("rl.advantage", c.rl.advantage, accumulators.advantage_names())
-    _choice("rl.loss_agg", c.rl.loss_agg, accumulators.loss_agg_names())
     _positive("rl.num_groups", c.rl.num_groups)
     _positive("rl.group_size", c.rl.group_size)
     _positive("rl.eps", c.rl.eps)
@@ -74,7 +142,6 @@ def _check_rl(c) -> None:
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):
         raise ConfigError(f"rl.std_ddof={c.rl.std_ddof!r} must be 0 or 1")
-    _choice("accum.placement", accumulators.tally_placement(c), accumulators.TALLY_PLACEMENTS)
     try:
         # Every path that scores sampled tokens applies it: the score-gradient chunk, OPD's
         # per-turn segments and GRPO's shared-prompt members (their direct passes).
@@ -103,7 +170,6 @@ def _check_optim(c) -> None:
 
 
 def _check_rollout(c) -> None:
-    _choice("rollout.engine", c.rollout.engine, engine_cmd.ENGINES)
     _positive("rollout.num_engines", c.rollout.num_engines)
     _positive("rollout.max_batch", c.rollout.max_batch)
     _positive("rollout.temperature", c.rollout.temperature)
