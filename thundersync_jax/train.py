@@ -338,7 +338,7 @@ def _planner(run: _Run) -> Planner:
         rl.max_open_groups or None,
         max_chunk_items=1 if rl.deterministic else None,
         # Each open OPD trajectory keeps a learner KV cache: cap them (backpressure).
-        max_open_members=int(rl.get("max_open_trajectories", 0)) or None,
+        max_open_members=int(rl.max_open_trajectories) or None,
     )
     planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
     return planner

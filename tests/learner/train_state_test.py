@@ -2,11 +2,11 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from configs import common
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import (
     init_train_state,
@@ -16,11 +16,9 @@ from thundersync_jax.learner.train_state import (
 
 
 def _optim(**kw):
-    base = dict(
-        name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.0, max_grad_norm=1.0
-    )
-    base.update(kw)
-    return ml_collections.ConfigDict(base)
+    optim = common.get_base_config().optim  # every key at its default, then the test's values
+    optim.update(dict(learning_rate=0.1, **kw))
+    return optim
 
 
 def _params():

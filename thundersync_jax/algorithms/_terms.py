@@ -40,7 +40,7 @@ def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
 
 def tis_cap(config) -> float:
     """`rl.tis_cap` checked (0 = off, else a finite cap >= 1); ValueError naming a bad value."""
-    return logprob_gap.check_tis_cap(config.rl.get("tis_cap", 0.0))
+    return logprob_gap.check_tis_cap(config.rl.tis_cap)
 
 
 def with_regularizers(acc, setup: LearnerSetup):

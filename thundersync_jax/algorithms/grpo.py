@@ -174,7 +174,7 @@ def accumulator(config) -> Any:
         max_len=rl.max_len or config.rollout.max_traj_tokens,
         max_open_groups=rl.max_open_groups or None,
         # Exactly associative tallies: the same bits whatever the arrival order (DESIGN §8).
-        deterministic=bool(rl.get("deterministic", False)),
+        deterministic=bool(rl.deterministic),
         placement=accumulators.tally_placement(config),
     )
 
@@ -182,10 +182,8 @@ def accumulator(config) -> Any:
 def make_learner(setup: LearnerSetup) -> BatchLearner:
     c = setup.config
     acc, reg_fn = _terms.with_regularizers(accumulator(c), setup)
-    deterministic = bool(c.rl.get("deterministic", False))
-    if c.rl.get("shared_prompt", False) and _grpo_prompts.uses_shared_prompts(
-        acc, reg_fn, deterministic
-    ):
+    deterministic = bool(c.rl.deterministic)
+    if c.rl.shared_prompt and _grpo_prompts.uses_shared_prompts(acc, reg_fn, deterministic):
         return _grpo_prompts.batch_learner(acc, _terms.segment_fns_for(setup), int(c.rl.group_size))
     return batch_learner(acc, _terms.score_grad_fn(setup), setup.pad_id, reg_fn)
 
@@ -197,7 +195,7 @@ def _finish(k: int, m: int, traj, arrival_s: float) -> WorkItem:
 
 
 def _check_config(config) -> None:
-    if accumulators.tally_placement(config) == "host" and config.rl.get("deterministic", False):
+    if accumulators.tally_placement(config) == "host" and config.rl.deterministic:
         raise config_check.ConfigError(
             "accum.placement='host' keeps float32 tallies, but rl.deterministic=True needs the "
             "exact int32-limb tallies on the device: use accum.placement='device'"

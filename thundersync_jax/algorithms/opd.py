@@ -360,12 +360,10 @@ class _OpdLearner:
 def make_learner(setup: LearnerSetup) -> BatchLearner:
     c = setup.config
     acc, reg_fn = _terms.with_regularizers(
-        accumulators.opd(
-            loss_agg="token-mean", deterministic=bool(c.rl.get("deterministic", False))
-        ),
+        accumulators.opd(loss_agg="token-mean", deterministic=bool(c.rl.deterministic)),
         setup,
     )
-    granularity = str(c.rl.get("opd_granularity", "turn"))
+    granularity = str(c.rl.opd_granularity)
     return batch_learner(
         acc,
         _terms.score_grad_fn(setup),
@@ -386,7 +384,7 @@ def check_config(config) -> None:
             "'token-mean'"
         )
     try:
-        _trajs.check_granularity(config.rl.get("opd_granularity", "turn"))
+        _trajs.check_granularity(config.rl.opd_granularity)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if accumulators.tally_placement(config) == "host":

@@ -63,7 +63,7 @@ def _swe_demos(config, tasks: list, tok, workdir: str) -> list:
         [lambda t=t: _swe_env(config, t, workdir) for t in tasks],
         tok,
         limits,
-        decoys=bool(config.sft.get("decoys", False)),
+        decoys=bool(config.sft.decoys),
     )
 
 

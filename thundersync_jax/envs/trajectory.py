@@ -91,7 +91,7 @@ class LoopLimits:
             max_turns=int(rollout_cfg.max_turns),
             max_new_tokens_per_turn=int(rollout_cfg.max_new_tokens_per_turn),
             max_traj_tokens=int(rollout_cfg.max_traj_tokens),
-            max_error_turns=int(rollout_cfg.get("max_error_turns", 0)),
+            max_error_turns=int(rollout_cfg.max_error_turns),
         )
 
 

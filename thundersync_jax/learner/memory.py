@@ -250,9 +250,9 @@ def open_groups_kept(config: Any) -> int:
 
 def open_trajectories_on_device(config: Any) -> int:
     """OPD trajectories whose learner caches are kept at once (0: none kept)."""
-    if config.rl.algorithm != "opd" or config.rl.get("opd_granularity", "turn") == "trajectory":
+    if config.rl.algorithm != "opd" or config.rl.opd_granularity == "trajectory":
         return 0  # `auto` may pick `turn`: planned for the larger of the two
-    cap = int(config.rl.get("max_open_trajectories", 0))
+    cap = int(config.rl.max_open_trajectories)
     members = int(config.rl.num_groups) * int(config.rl.group_size)
     return min(cap, members) if cap else members
 

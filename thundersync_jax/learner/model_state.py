@@ -187,7 +187,7 @@ def warm_start_steps(config: Any) -> int:
     """SFT steps of the warm start: `sft.steps`, but 0 when a checkpoint is given (unless
     `sft.on_checkpoint`): a user's checkpoint is not fine-tuned on toy demonstrations."""
     steps = int(config.sft.steps)
-    if config.model.get("checkpoint") and not config.sft.get("on_checkpoint", False):
+    if config.model.get("checkpoint") and not config.sft.on_checkpoint:
         if steps:
             log.info("model.checkpoint given: warm start skipped (sft.on_checkpoint=False)")
         return 0

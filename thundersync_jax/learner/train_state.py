@@ -43,9 +43,7 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
         raise ValueError(f"optim.name={name!r}; valid: {', '.join(OPTIMIZERS)}")
     if not cfg.learning_rate > 0:
         raise ValueError(f"optim.learning_rate={cfg.learning_rate} must be > 0")
-    lr = learning_rate_schedule(
-        cfg.learning_rate, cfg.get("warmup_steps", 0), cfg.get("decay_steps", 0)
-    )
+    lr = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_steps)
     if name == "adamw":
         opt = optax.adamw(
             lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mu_dtype=MOMENT_DTYPE

@@ -134,7 +134,7 @@ def engine_python(config: Any) -> str:
     """The interpreter of the engine processes (see the module docstring)."""
     if config.rollout.engine != "vllm":
         return sys.executable
-    chosen = config.rollout.get("engine_python", "") or os.environ.get(VLLM_PYTHON_ENV, "")
+    chosen = config.rollout.engine_python or os.environ.get(VLLM_PYTHON_ENV, "")
     if chosen:
         if not os.access(chosen, os.X_OK):
             raise ValueError(
@@ -205,15 +205,15 @@ def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
     probe = None
     if ro.engine == "vllm":
         checkpoint, vllm_kwargs = engine_checkpoint(config, model_cfg, workdir)
-        vllm_kwargs.update(json.loads(ro.get("vllm_kwargs", "") or "{}"))
+        vllm_kwargs.update(json.loads(ro.vllm_kwargs or "{}"))
         if not places[0].gpus:  # vLLM's CPU backend: a small KV cache, no graph capture
             vllm_kwargs.setdefault("enforce_eager", True)
-            kwargs["memory_fraction"] = float(ro.get("cpu_memory_fraction", 0.1))
+            kwargs["memory_fraction"] = float(ro.cpu_memory_fraction)
         args = rollout_server.server_args(
             None, checkpoint=checkpoint, vllm_kwargs=vllm_kwargs, **kwargs
         )
-        atol = float(ro.get("probe_atol", 0.0)) or load_probe.default_atol(str(config.model.dtype))
-        probe = load_probe.learner_probe(model_cfg, int(ro.get("probe_tokens", 32)), atol=atol)
+        atol = float(ro.probe_atol) or load_probe.default_atol(str(config.model.dtype))
+        probe = load_probe.learner_probe(model_cfg, int(ro.probe_tokens), atol=atol)
     else:
         args = rollout_server.server_args(model_cfg.to_hf(), **kwargs)
     # vLLM starts in ~0.5-2 min on CPU (shared machine), minutes for a large model on GPUs.

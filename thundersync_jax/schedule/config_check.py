@@ -137,7 +137,7 @@ def _check_rl(c) -> None:
     _positive("rl.group_size", c.rl.group_size)
     _positive("rl.eps", c.rl.eps)
     _positive("rl.max_open_groups", c.rl.max_open_groups, allow_zero=True)
-    _positive("rl.max_open_trajectories", c.rl.get("max_open_trajectories", 0), allow_zero=True)
+    _positive("rl.max_open_trajectories", c.rl.max_open_trajectories, allow_zero=True)
     _positive("rl.kl_coef", c.rl.kl_coef, allow_zero=True)
     _positive("rl.entropy_coef", c.rl.entropy_coef, allow_zero=True)
     if c.rl.std_ddof not in (0, 1):
@@ -145,10 +145,10 @@ def _check_rl(c) -> None:
     try:
         # Every path that scores sampled tokens applies it: the score-gradient chunk, OPD's
         # per-turn segments and GRPO's shared-prompt members (their direct passes).
-        logprob_gap.check_tis_cap(c.rl.get("tis_cap", 0.0))
+        logprob_gap.check_tis_cap(c.rl.tis_cap)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if not isinstance(c.rl.get("deterministic", False), bool):
+    if not isinstance(c.rl.deterministic, bool):
         raise ConfigError(f"rl.deterministic={c.rl.deterministic!r} must be True or False")
     if c.rl.loss_agg == "seq-mean-token-sum-norm" and not (
         c.rl.max_len or c.rollout.max_traj_tokens
@@ -165,8 +165,8 @@ def _check_optim(c) -> None:
         )
     _positive("optim.learning_rate", c.optim.learning_rate)
     _positive("optim.max_grad_norm", c.optim.max_grad_norm, allow_zero=True)
-    _positive("optim.warmup_steps", c.optim.get("warmup_steps", 0), allow_zero=True)
-    _positive("optim.decay_steps", c.optim.get("decay_steps", 0), allow_zero=True)
+    _positive("optim.warmup_steps", c.optim.warmup_steps, allow_zero=True)
+    _positive("optim.decay_steps", c.optim.decay_steps, allow_zero=True)
 
 
 def _check_rollout(c) -> None:
@@ -184,7 +184,7 @@ def _check_rollout(c) -> None:
             "top_p=1.0 (lower rollout.temperature to sharpen sampling instead)"
         )
     _positive("rollout.max_turns", c.rollout.max_turns)
-    _positive("rollout.max_error_turns", c.rollout.get("max_error_turns", 0), allow_zero=True)
+    _positive("rollout.max_error_turns", c.rollout.max_error_turns, allow_zero=True)
     _positive("rollout.max_new_tokens_per_turn", c.rollout.max_new_tokens_per_turn)
     _positive("rollout.max_traj_tokens", c.rollout.max_traj_tokens)
     if c.rollout.max_traj_tokens > c.model.max_position_embeddings:

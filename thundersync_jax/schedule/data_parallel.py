@@ -78,7 +78,7 @@ class DataParallel:
     def from_config(cls, config, info: distributed.ProcessInfo) -> DataParallel:
         if info.count == 1:
             return cls(info)
-        if config.rl.get("deterministic", False) and config.rl.advantage == "batch":
+        if config.rl.deterministic and config.rl.advantage == "batch":
             # Deterministic `batch` scope keeps its batch-wide reward buckets open until
             # finalize; the cross-process exact sum carries only the folded `total`.
             raise ConfigError(
@@ -87,7 +87,7 @@ class DataParallel:
                 "rl.deterministic=False"
             )
         mesh = distributed.global_mesh(int(config.mesh.fsdp), int(config.mesh.tp))
-        check = bool(config.distributed.get("debug_check_replicas", False))
+        check = bool(config.distributed.debug_check_replicas)
         exact = replicas.make_cross_process_sum(mesh, reduce=accumulators.sum_exact_tallies)
         return cls(info, mesh, replicas.make_cross_process_sum(mesh), check, exact)
 

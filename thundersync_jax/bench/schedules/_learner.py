@@ -228,8 +228,8 @@ def fit_cost(
 
 def learner_from_config(config: ml_collections.ConfigDict):
     """The benchmark learner of a bench config (configs/bench_cpu.py): GRPO's or OPD's."""
-    deterministic = bool(config.get("deterministic", False))
-    if config.get("algorithm", "grpo") == "opd":
+    deterministic = bool(config.deterministic)
+    if config.algorithm == "opd":
         if deterministic:
             # accumulators.opd has no exact tallies (rl.deterministic is GRPO's, DESIGN §8).
             raise ValueError(

@@ -254,7 +254,7 @@ def run_benchmark(
         raise ValueError(
             f"rounds={config.rounds} must be >= 1, warmup={config.warmup} >= 0, seeds non-empty"
         )
-    algorithm = config.get("algorithm", "grpo")
+    algorithm = config.algorithm
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not valid; choose one of {ALGORITHMS}")
     learner = learner or learner_from_config(config)
