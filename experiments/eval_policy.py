@@ -21,9 +21,9 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from thundersync_jax.envs import play
 from thundersync_jax.models import qwen3
 from thundersync_jax.models import tokenizer as tokenizers
-from thundersync_jax.schedule import components
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/eval", "Where the task pool is materialized.")
@@ -44,10 +44,10 @@ def evaluate(config, workdir: str, policy_dir: str, samples: int, temperature: f
             f"--policy={policy_dir!r} holds no model.safetensors; pass a run's DIR/final or "
             "DIR/sft/student-*"
         )
-    tasks = components.build_tasks(config, workdir)
+    tasks = play.build_tasks(config, workdir)
     model = qwen3.from_pretrained(policy_dir)
     tok = tokenizers.from_config(config)
-    trajs = components.play_tasks(config, workdir, tasks, model, tok, samples, temperature, seed)
+    trajs = play.play_tasks(config, workdir, tasks, model, tok, samples, temperature, seed)
     rewards = np.zeros((len(tasks), samples))
     for tr in trajs:
         rewards[tr.ids.prompt, tr.ids.member] = tr.reward

@@ -23,13 +23,12 @@ from flax import nnx
 from ml_collections import config_flags
 
 from thundersync_jax import accumulators
-from thundersync_jax.envs import agent_demos
+from thundersync_jax.envs import agent_demos, play
 from thundersync_jax.envs.trajectory import LoopLimits
 from thundersync_jax.learner import chunks, sft
 from thundersync_jax.learner.logprobs import TokenLogprobFn
 from thundersync_jax.models import qwen3
 from thundersync_jax.models import tokenizer as tokenizers
-from thundersync_jax.schedule import components
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/probe", "Where the task pool is materialized.")
@@ -52,12 +51,12 @@ def main(argv):
     steps = [float(s) for s in _STEPS.value]
     if any(not s > 0 for s in steps):
         raise ValueError(f"--steps={_STEPS.value}: every step length must be > 0")
-    tasks = components.build_tasks(config, workdir)
+    tasks = play.build_tasks(config, workdir)
     tok = tokenizers.from_config(config)
     limits = LoopLimits.from_config(config.rollout)
     model = qwen3.from_pretrained(_POLICY.value)
     group_size = int(config.rl.group_size)
-    trajs = components.play_tasks(
+    trajs = play.play_tasks(
         config, workdir, tasks, model, tok, group_size, temperature, _SEED.value
     )
     rewards = np.array([t.reward for t in trajs])
@@ -85,7 +84,7 @@ def main(argv):
         return
 
     demos = agent_demos.demonstration_examples(
-        [lambda t=t: components.make_env(config, t, workdir) for t in tasks],
+        [lambda t=t: play.make_env(config, t, workdir) for t in tasks],
         tok,
         limits,
         decoys=bool(config.sft.decoys),

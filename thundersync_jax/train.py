@@ -38,9 +38,10 @@ from thundersync_jax.learner import regularizers
 from thundersync_jax.learner.checkpoint import Checkpointer
 from thundersync_jax.learner.train_state import log_skipped_update, make_apply_update
 from thundersync_jax.rollout import engine_cmd
-from thundersync_jax.schedule import components, episodes, schedules
+from thundersync_jax.schedule import episodes, run_files, schedules
 from thundersync_jax.schedule.config_check import ConfigError, check_config, check_keys
 from thundersync_jax.schedule.data_parallel import DataParallel
+from thundersync_jax.schedule.engine_fleet import EngineFleet
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.lora_policy import check_lora_config
 from thundersync_jax.schedule.planner import Planner
@@ -85,7 +86,7 @@ class _Run:
     schedule: schedules.Schedule
     tasks: list
     tok: Any
-    fleet: components.EngineFleet
+    fleet: EngineFleet
     services: Any
     learner: algorithms.BatchLearner
     policy: Any
@@ -129,9 +130,9 @@ def _prepare_workdir(config, workdir: str, info: distributed.ProcessInfo) -> str
     if not info.is_main:
         own = os.path.join(workdir, "processes", str(info.index))
         os.makedirs(own, exist_ok=True)
-        components.configure_logging(own)
+        run_files.configure_logging(own)
         return workdir
-    components.configure_logging(workdir)
+    run_files.configure_logging(workdir)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2))
     return workdir
@@ -164,7 +165,7 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
         log.info("resumed from checkpoint at step %d", int(state.step))
     first_step = int(state.step)
     if info.is_main:
-        components.trim_metrics(workdir, first_step)
+        run_files.trim_metrics(workdir, first_step)
     if first_step >= config.num_steps:
         full = built.policy.full_params(state.params)
         path = export_final(built.graphdef, full, workdir, built.tok) if info.is_main else ""
@@ -354,7 +355,7 @@ def _step_metrics(run: _Run, step: int, timeline, batch, planner, compiles_befor
         step=step,
         open_groups_peak=int(planner.open_groups_peak),
         # The tallies plus what the learner kept beside them (OPD: open trajectories' caches).
-        accum_bytes_peak=int(components.tree_bytes(run.learner.accumulator_state(batch)))
+        accum_bytes_peak=int(_tree_bytes(run.learner.accumulator_state(batch)))
         + int(run.learner.kept_bytes_peak(batch)),
         compiles=int(run.learner.compiles() - compiles_before),
     )
@@ -370,3 +371,8 @@ def _save_step_artifacts(config, workdir: str, step: int, timeline: metrics.Time
         os.makedirs(out, exist_ok=True)
         metrics.plot_timeline(timeline, os.path.join(out, f"step{step:05d}.png"))
         metrics.write_chrome_trace(timeline, os.path.join(out, f"step{step:05d}.trace.json"))
+
+
+def _tree_bytes(tree) -> int:
+    """Bytes held by the arrays of a pytree (accumulator memory metric)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))

@@ -31,7 +31,7 @@ from thundersync_jax import algorithms, train
 from thundersync_jax.envs.swe import instance as swe_instance
 from thundersync_jax.envs.swe import mini_swe
 from thundersync_jax.metrics import read_metrics
-from thundersync_jax.schedule import components
+from thundersync_jax.schedule import engine_fleet
 from thundersync_jax.schedule.config_check import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -96,7 +96,7 @@ class _EngineKiller:
     def fleet_class(self):
         killer = self
 
-        class KilledFleet(components.EngineFleet):
+        class KilledFleet(engine_fleet.EngineFleet):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
                 killer.fleets.append(self)
@@ -141,7 +141,7 @@ def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch):
     _detach_log_file(killed)  # its train.log moves with the first run
     shutil.move(killed, clean)
     killer = _EngineKiller()
-    monkeypatch.setattr(components, "EngineFleet", killer.fleet_class())
+    monkeypatch.setattr(engine_fleet, "EngineFleet", killer.fleet_class())
     train.run(config(), killed)
     assert killer.inflight_at_kill > 0  # the kill hit a batch in progress
     assert killer.new_pid not in (None, killer.killed_pid)  # the manager restarted it

@@ -24,7 +24,7 @@ from thundersync_jax import distributed
 from thundersync_jax.learner import export, model_state, regularizers, sft
 from thundersync_jax.learner.train_state import TrainState
 from thundersync_jax.models import qwen3, tokenizer
-from thundersync_jax.schedule import components, lora_policy
+from thundersync_jax.schedule import engine_fleet, lora_policy
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def export_final(graphdef, params, workdir: str, tok) -> str:
 def start_engines(config, workdir: str, built: BuiltPolicy, algo) -> tuple[Any, Any]:
     """The student's engine fleet and the algorithm's services, started side by side."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        fleet_f = pool.submit(components.EngineFleet, config, workdir, built.tok, built.model_cfg)
+        fleet_f = pool.submit(engine_fleet.EngineFleet, config, workdir, built.tok, built.model_cfg)
         try:
             with distributed.main_first("services"):  # e.g. OPD's teacher cache: process 0 first
                 services = algo.start_services(config, built.model_cfg, built.examples, workdir)
