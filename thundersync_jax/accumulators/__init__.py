@@ -35,14 +35,14 @@ from thundersync_jax.accumulators._grpo import GroupAccumulator, grpo
 from thundersync_jax.accumulators._host import PLACEMENTS as TALLY_PLACEMENTS
 from thundersync_jax.accumulators._host import host_memory_kind, tally_placement
 from thundersync_jax.accumulators._loss_agg import loss_agg_names, register_loss_agg
-from thundersync_jax.accumulators._opd import DirectAccumulator, DirectState, opd
+from thundersync_jax.accumulators._opd import OpdAccumulator, OpdAccumulatorState, opd
 
 __all__ = [
     "CombinedAccumulator",
     "CombinedState",
     "affine_coefficients",
-    "DirectAccumulator",
-    "DirectState",
+    "OpdAccumulator",
+    "OpdAccumulatorState",
     "GroupAccumulator",
     "GroupState",
     "TALLY_PLACEMENTS",

@@ -49,7 +49,7 @@ def _counted(state: Any) -> Any:
     if not hasattr(inner, "num_trajectories") or not hasattr(inner, "num_tokens"):
         raise TypeError(
             f"{type(inner).__name__} has no num_trajectories/num_tokens: pass an accumulator "
-            "state (GroupState, DirectState or CombinedState)"
+            "state (GroupState, OpdAccumulatorState or CombinedState)"
         )
     return inner
 

@@ -23,7 +23,7 @@ from thundersync_jax.accumulators import _errors, _exact, _tallies
 from thundersync_jax.accumulators._loss_agg import LossAgg, resolve_loss_agg
 
 
-class DirectState(NamedTuple):
+class OpdAccumulatorState(NamedTuple):
     """State of an `opd` accumulator.
 
     Attributes:
@@ -42,7 +42,7 @@ class DirectState(NamedTuple):
     error: jax.Array
 
 
-class DirectConfig(NamedTuple):
+class OpdConfig(NamedTuple):
     """Static settings of an `opd` accumulator."""
 
     loss_agg: LossAgg
@@ -51,11 +51,11 @@ class DirectConfig(NamedTuple):
     deterministic: bool = False
 
 
-class DirectAccumulator(NamedTuple):
+class OpdAccumulator(NamedTuple):
     """Pure functions of an `opd` accumulator.
 
     Attributes:
-      init: params -> DirectState.
+      init: params -> OpdAccumulatorState.
       add: (state, grad, num_tokens) -> state.
       add_weighted: (state, grad, num_tokens, count) -> state, grad = Σ_j w_j grad_j.
       finalize: state -> −(1/Z) Σ w_i grad_i, float32, shaped like params.
@@ -70,7 +70,7 @@ class DirectAccumulator(NamedTuple):
     finalize: Callable
     loss_weight: Callable
     check: Callable
-    config: DirectConfig
+    config: OpdConfig
 
 
 def _message(code: int) -> str:
@@ -109,7 +109,7 @@ def total_value(total):
     return _exact.to_float(total) if isinstance(total, _exact.ExactSum) else total
 
 
-def _add(cfg: DirectConfig, where: str, state, grad, num_tokens, count, weighted: bool):
+def _add(cfg: OpdConfig, where: str, state, grad, num_tokens, count, weighted: bool):
     """One add (of `count` turns when `weighted`): errors recorded, or raised when eager."""
     _errors.check_structure(where, tally_like(state.total), grad)
     num_tokens = jnp.asarray(num_tokens, jnp.int32)
@@ -124,7 +124,7 @@ def _add(cfg: DirectConfig, where: str, state, grad, num_tokens, count, weighted
     code |= jnp.where(overflow, _errors.EXACT_OVERFLOW, 0)
     ok &= ~overflow
     drop &= ~overflow
-    new_state = DirectState(
+    new_state = OpdAccumulatorState(
         total=total,
         num_trajectories=state.num_trajectories + jnp.where(ok, count, 0),
         num_tokens=state.num_tokens + jnp.where(ok, num_tokens, 0),
@@ -147,7 +147,7 @@ def opd(
     *,
     on_invalid: str = "raise",
     deterministic: bool = False,
-) -> DirectAccumulator:
+) -> OpdAccumulator:
     """On-policy distillation accumulator: finalize = −(1/N) Σ_turns grad (token-mean).
 
     Args:
@@ -160,31 +160,31 @@ def opd(
     """
     if on_invalid not in _errors.ON_INVALID:
         raise ValueError(f"on_invalid must be one of {_errors.ON_INVALID}, got {on_invalid!r}")
-    cfg = DirectConfig(resolve_loss_agg(loss_agg, max_len), max_len, on_invalid, deterministic)
+    cfg = OpdConfig(resolve_loss_agg(loss_agg, max_len), max_len, on_invalid, deterministic)
 
-    def init(params) -> DirectState:
+    def init(params) -> OpdAccumulatorState:
         # Separate buffers per field: a donated state must not alias itself.
         counters = [jnp.zeros((), jnp.int32) for _ in range(4)]
         if cfg.deterministic:
-            return DirectState(_exact.zeros(params), *counters)
-        return DirectState(_tallies.zeros_like_params(params), *counters)
+            return OpdAccumulatorState(_exact.zeros(params), *counters)
+        return OpdAccumulatorState(_tallies.zeros_like_params(params), *counters)
 
-    def add(state: DirectState, grad, num_tokens) -> DirectState:
+    def add(state: OpdAccumulatorState, grad, num_tokens) -> OpdAccumulatorState:
         """Adds one turn's (Â-weighted) gradient and its scored-token count."""
         return _add(cfg, "add", state, grad, num_tokens, 1, False)
 
-    def add_weighted(state: DirectState, grad, num_tokens, count) -> DirectState:
+    def add_weighted(state: OpdAccumulatorState, grad, num_tokens, count) -> OpdAccumulatorState:
         """Adds `count` turns whose grad is already Σ_j w_j grad_j."""
         return _add(cfg, "add_weighted", state, grad, num_tokens, count, True)
 
-    def check(state: DirectState, allow_open: bool = False) -> None:
+    def check(state: OpdAccumulatorState, allow_open: bool = False) -> None:
         """Raises a ValueError for an error recorded under jit."""
         del allow_open  # no groups here; accepted for a uniform interface
         if int(state.error):
             detail = _message(int(state.error))
             raise ValueError(f"the accumulator recorded an invalid add: {detail}")
 
-    def finalize(state: DirectState):
+    def finalize(state: OpdAccumulatorState):
         """−(1/Z) Σ w_i grad_i, float32, shaped like params."""
         if not _errors.is_traced(state):
             check(state)
@@ -199,6 +199,6 @@ def opd(
             bad |= ~finite
         return jax.tree.map(lambda t: jnp.where(bad, jnp.nan, -t / z), total)
 
-    return DirectAccumulator(
+    return OpdAccumulator(
         init, add, add_weighted, finalize, lambda n: cfg.loss_agg.weight(n), check, cfg
     )
