@@ -49,7 +49,7 @@ def test_engine_command_line_and_placement(tmp_path, name, module, variant):
         return
     node = config.node
     assert (args.tp_size, args.memory_fraction) == (node.rollout_tp, node.rollout_memory_fraction)
-    owned = [p.gpus for p in spec.placements]
+    owned = [p.gpus for p in spec.devices]
     assert all(len(g) == node.rollout_tp for g in owned)
     flat = [g for gpus in owned for g in gpus]
     learner = gpu_node.learner_gpu_ids(config)
@@ -63,7 +63,7 @@ def test_engine_command_line_and_placement(tmp_path, name, module, variant):
 
 def test_h200_full_gives_three_engines_one_gpu_each(tmp_path):
     config = h200.get_config("full")
-    gpus = [p.gpus for p in engine_cmd.placements(config)]
+    gpus = [p.gpus for p in engine_cmd.engine_devices(config)]
     assert gpus == [(0,), (1,), (2,)]
     assert gpu_node.learner_gpu_ids(config) == (3, 4, 5, 6, 7)
 
@@ -72,7 +72,7 @@ def test_bad_engine_settings_are_refused_with_the_values(tmp_path):
     config = b200.get_config("lora")
     config.rollout.num_engines = 3
     with pytest.raises(ValueError, match=r"3 rollout engine\(s\) x tensor parallel 4"):
-        engine_cmd.placements(config)
+        engine_cmd.engine_devices(config)
     config = b200.get_config("lora")
     config.lora.publish = "adapters"
     with pytest.raises(ValueError, match="lora.publish='merged'"):
@@ -80,7 +80,7 @@ def test_bad_engine_settings_are_refused_with_the_values(tmp_path):
     config = b200.get_config("full")
     config.node.learner_gpus = 6
     with pytest.raises(ValueError, match="> num_gpus 8"):
-        engine_cmd.placements(config)
+        engine_cmd.engine_devices(config)
     config = cpu.get_config()
     config.rollout.engine = "sglang"
     with pytest.raises(ValueError, match="rollout.engine must be one of"):
@@ -130,8 +130,8 @@ def test_teacher_engines_take_the_gpus_after_the_rollout_ones():
     spec = engine_cmd.teacher_engines(
         config, qwen3.Qwen3Config.from_config_dict(config.teacher.model)
     )
-    assert [p.gpus for p in spec.placements] == [(2,), (3,)]
-    assert [p.gpus for p in engine_cmd.placements(config)] == [(0, 1)]
+    assert [p.gpus for p in spec.devices] == [(2,), (3,)]
+    assert [p.gpus for p in engine_cmd.engine_devices(config)] == [(0, 1)]
     assert gpu_node.learner_gpu_ids(config) == (4, 5, 6, 7)
     # A JAX teacher runs on its GPU (no JAX_PLATFORMS=cpu) and takes only its memory fraction.
     fraction = f"{config.node.rollout_memory_fraction:.2f}"
@@ -145,7 +145,7 @@ def test_teacher_engines_take_the_gpus_after_the_rollout_ones():
     assert (args.tp_size, args.memory_fraction) == (1, config.node.rollout_memory_fraction)
     config.node.teacher_memory_fraction = 0.5
     assert (
-        engine_cmd.placements(config, "teacher")[0].env()["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+        engine_cmd.engine_devices(config, "teacher")[0].env()["XLA_PYTHON_CLIENT_MEM_FRACTION"]
         == "0.50"
     )
 
@@ -174,4 +174,4 @@ def test_a_bad_teacher_placement_fails_the_start_up_check():
     config = _opd_on_a_gpu_node()
     config.node.teacher_memory_fraction = 0.0
     with pytest.raises(ValueError, match="node.teacher_memory_fraction must lie in"):
-        engine_cmd.placements(config, "teacher")
+        engine_cmd.engine_devices(config, "teacher")

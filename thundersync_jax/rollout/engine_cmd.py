@@ -5,14 +5,14 @@
                             python=spec.python, load_probe=spec.load_probe)
     teacher_spec = engine_cmd.teacher_engines(config, teacher_cfg)        # OPD's teacher
 
-Placement (`config.node`, GPU configs): the node's GPUs are handed out in order — rollout engines
-first (engine i gets GPUs [i·rollout_tp, (i+1)·rollout_tp)), then teacher engines, then the
+Engine devices (`config.node`, GPU configs): the node's GPUs are handed out in order — rollout
+engines first (engine i gets GPUs [i·rollout_tp, (i+1)·rollout_tp)), then teacher engines, then the
 learner — so engines and the learner never share a GPU. Each engine process sees only its GPUs
 (CUDA_VISIBLE_DEVICES), runs vLLM with tensor parallelism over all of them and takes
 `node.rollout_memory_fraction` of each. Teacher engines are embedded JAX engines (they only
 score): each sees its GPUs and XLA takes `node.teacher_memory_fraction` (default: the rollout
 fraction) of them. Without a `node` section (CPU configs) engines get no GPU.
-`check_engine_config(config)` refuses a placement or engine setting that could not run; the
+`check_engine_config(config)` refuses a GPU layout or engine setting that could not run; the
 trainer calls it at start-up, before anything is built.
 
 vLLM pins its own torch and transformers, so it usually lives in a second environment; the
@@ -41,7 +41,7 @@ _REPO_VLLM_PYTHON = os.path.join(
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class EngineDevices:
     """Where one engine process runs.
 
     Attributes:
@@ -75,18 +75,18 @@ class EngineSpec:
     """Everything EngineManager needs to start a role's engines (see the module docstring)."""
 
     server_args: list[str]
-    placements: list[Placement]
+    devices: list[EngineDevices]
     python: str
     load_probe: Callable[[Any, str], dict | None] | None
     start_timeout_s: float = 180.0
 
     @property
     def num_engines(self) -> int:
-        return len(self.placements)
+        return len(self.devices)
 
     @property
     def envs(self) -> list[dict[str, str]]:
-        return [p.env() for p in self.placements]
+        return [p.env() for p in self.devices]
 
 
 def _check_fraction(name: str, value: float) -> float:
@@ -95,7 +95,7 @@ def _check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
-def placements(config: Any, role: str = "rollout") -> list[Placement]:
+def engine_devices(config: Any, role: str = "rollout") -> list[EngineDevices]:
     """The engines of `role` ("rollout" or "teacher") and their GPUs, from `config.node`."""
     if role not in ("rollout", "teacher"):
         raise ValueError(f"role must be 'rollout' or 'teacher', got {role!r}")
@@ -104,7 +104,7 @@ def placements(config: Any, role: str = "rollout") -> list[Placement]:
         raise ValueError(f"{role}: num_engines must be >= 1, got {num}")
     owned = node_gpus(config)
     if owned is None:
-        return [Placement((), 1, 0.9)] * num
+        return [EngineDevices((), 1, 0.9)] * num
     node = config.node
     first, gpus = owned[role].start, len(owned[role])
     tp = int(node.rollout_tp) if role == "rollout" else int(node.get("teacher_tp", 1))
@@ -125,7 +125,7 @@ def placements(config: Any, role: str = "rollout") -> list[Placement]:
             f"node.{role}_tp=1 and {role}.num_engines = node.{role}_gpus ({gpus})"
         )
     return [
-        Placement(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction, jax_on_gpu)
+        EngineDevices(tuple(range(first + i * tp, first + (i + 1) * tp)), tp, fraction, jax_on_gpu)
         for i in range(num)
     ]
 
@@ -182,16 +182,16 @@ def check_engine_config(config: Any) -> None:
             "rollout.engine='vllm' loads full weights: set lora.publish='merged' "
             f"(got {config.lora.publish!r})"
         )
-    placements(config, "rollout")
+    engine_devices(config, "rollout")
     if config.rl.algorithm == "opd" and config.get("teacher") is not None:
-        placements(config, "teacher")
+        engine_devices(config, "teacher")
 
 
 def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
-    """The rollout engines' command line, placements, interpreter and load probe."""
+    """The rollout engines' command line, devices, interpreter and load probe."""
     check_engine_config(config)
     ro = config.rollout
-    places = placements(config, "rollout")
+    places = engine_devices(config, "rollout")
     kwargs: dict[str, Any] = dict(
         engine=ro.engine,
         max_batch=int(ro.max_batch),
@@ -222,7 +222,7 @@ def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
 
 
 def teacher_engines(config: Any, model_cfg: Any = None) -> EngineSpec:
-    """The teacher engines' command line and placements (embedded engines that only score).
+    """The teacher engines' command line and devices (embedded engines that only score).
 
     Args:
       config: the run config (`teacher`, `rollout.max_traj_tokens`, `node`).
@@ -230,7 +230,7 @@ def teacher_engines(config: Any, model_cfg: Any = None) -> EngineSpec:
         snapshot); None serves `teacher.checkpoint`, which the process loads itself.
     """
     t = config.teacher
-    places = placements(config, "teacher")
+    places = engine_devices(config, "teacher")
     if model_cfg is None and not t.checkpoint:
         raise ValueError("teacher_engines: give the teacher's model config or teacher.checkpoint")
     dtype = str(t.model.dtype)

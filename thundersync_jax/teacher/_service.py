@@ -13,7 +13,7 @@ in-memory teacher (e.g. one trained by `learner.sft` on demonstrations) reaches 
 as a published weight snapshot, version 0, exactly like the student's weights reach its
 engines; a checkpoint on disk is loaded by the process itself. With `spec`
 (`rollout.engine_cmd.teacher_engines`) the processes get the run's command line and
-placements (GPUs, memory fraction from `config.node`); without, one CPU process per engine.
+devices (GPUs, memory fraction from `config.node`); without, one CPU process per engine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from flax import nnx
 
 from thundersync_jax.models import qwen3
-from thundersync_jax.rollout.engine_cmd import EngineSpec, Placement
+from thundersync_jax.rollout.engine_cmd import EngineDevices, EngineSpec
 from thundersync_jax.rollout.manager import EngineManager
 from thundersync_jax.teacher._scorer import TeacherScorer
 
@@ -52,8 +52,10 @@ def _server_args(
 
 
 def _default_spec(server_args: list[str], num_engines: int) -> EngineSpec:
-    """No placement given: `num_engines` processes in this process's environment."""
-    return EngineSpec(server_args, [Placement((), 1, 0.9)] * int(num_engines), sys.executable, None)
+    """No devices given: `num_engines` processes in this process's environment."""
+    return EngineSpec(
+        server_args, [EngineDevices((), 1, 0.9)] * int(num_engines), sys.executable, None
+    )
 
 
 def _manager(spec: EngineSpec, request_timeout_s: float, placed: bool) -> EngineManager:
