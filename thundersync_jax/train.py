@@ -43,7 +43,6 @@ from thundersync_jax.schedule.config_check import ConfigError, check_config, che
 from thundersync_jax.schedule.data_parallel import DataParallel
 from thundersync_jax.schedule.engine_fleet import EngineFleet
 from thundersync_jax.schedule.learner_loop import run_learner_batch
-from thundersync_jax.schedule.lora_policy import check_lora_config
 from thundersync_jax.schedule.planner import Planner
 from thundersync_jax.schedule.setup import build_policy, export_final, start_engines
 from thundersync_jax.sim import timelines
@@ -55,7 +54,6 @@ def check(config, entry_algorithm: str | None = None):
     """Every start-up check; returns (algorithm, schedule, task family). Raises ConfigError."""
     check_keys(config, common.get_base_config())
     check_config(config)
-    check_lora_config(config)
     try:
         algo = algorithms.get(config.rl.algorithm)
     except ValueError as e:

@@ -100,11 +100,10 @@ def test_warm_model_is_cast_and_placed_and_the_update_donates_the_state():
 
 
 def test_lora_adapters_are_replicated_and_the_base_stays_sharded():
-    from thundersync_jax.schedule import lora_policy
 
     c = _config()
     c.lora.enabled, c.lora.publish = True, "merged"
-    built = model_state.build_learner_model(c, make_policy=lambda p: lora_policy.make_policy(c, p))
+    built = model_state.build_learner_model(c)
     assert built.policy.base is built.params
     for leaf in jax.tree.leaves(built.state.params):
         assert leaf.sharding.spec == P()

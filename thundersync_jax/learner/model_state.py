@@ -1,6 +1,6 @@
 """Model, params and train state of a run, made directly on the learner mesh: one call.
 
-    built = build_learner_model(config, warm_model=None, make_policy=None, checkpointer=ckpt)
+    built = build_learner_model(config, warm_model=None, checkpointer=ckpt)
     built.state            # TrainState on `built.state_shardings` (restored when resuming)
     built.params           # the full model params (the warm start; LoRA's frozen base)
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,6 +26,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from thundersync_jax.learner import lora_policy
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
 from thundersync_jax.models import qwen3, sharding
@@ -45,7 +45,7 @@ class LearnerModel:
       params: full model params in `model.param_dtype` on `param_shardings`. Without LoRA
         they are `state.params` at step 0, so the first (donating) update consumes them.
       param_shardings: NamedSharding pytree of `params`.
-      policy: what `make_policy(params)` returned (its `.trainable` seeded the state), or None.
+      policy: the trainable side (`lora_policy.Policy`; its `.trainable` seeded the state).
       optimizer: the optax chain of `config.optim` (float32 moments).
       state: the train state (trainable params, optimizer state, counters), sharded.
       state_shardings: NamedShardings of `state` (Orbax restores into them).
@@ -115,7 +115,6 @@ def build_learner_model(
     config: Any,
     *,
     warm_model: qwen3.Qwen3 | None = None,
-    make_policy: Callable[[Any], Any] | None = None,
     checkpointer: Any = None,
     devices: Any = None,
 ) -> LearnerModel:
@@ -125,8 +124,6 @@ def build_learner_model(
       config: the run config (`model`, `mesh`, `optim`, `seed` sections).
       warm_model: a policy trained in this process (SFT warm start); else the params come
         from `model.checkpoint`, or a random init from `seed`.
-      make_policy: params -> an object whose `.trainable` is what the optimizer trains
-        (LoRA adapters over frozen params); None trains the params themselves.
       checkpointer: a `learner.checkpoint.Checkpointer`; its newest checkpoint, if any,
         becomes the state (restored into the state's shardings).
       devices: the mesh's devices (default: this process's).
@@ -137,10 +134,10 @@ def build_learner_model(
     rules = sharding.rules_from_config(config.mesh)
     param_shardings = sharding.param_shardings(abstract, rules, mesh)
     params = _initial_params(config, cfg, graphdef, param_shardings, warm_model)
-    policy = make_policy(params) if make_policy is not None else None
-    trainable = params if policy is None else policy.trainable
+    policy = lora_policy.make_policy(config, params)  # the params, or LoRA adapters over them
+    trainable = policy.trainable
     # Trainables that are not the params (LoRA adapters) are small: one copy per device.
-    same = policy is None or trainable is params
+    same = trainable is params
     trainable_sh = param_shardings if same else sharding.replicated(trainable, mesh)
     optimizer = ts.make_optimizer(config.optim)
     replicated = mesh_lib.replicated(mesh)

@@ -15,7 +15,7 @@ from thundersync_jax import accumulators
 from thundersync_jax.envs import task_families
 from thundersync_jax.learner import regularizers, train_state
 from thundersync_jax.losses import logprob_gap
-from thundersync_jax.models import tokenizer
+from thundersync_jax.models import lora, tokenizer
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.schedule import schedules
 
@@ -33,8 +33,9 @@ CHOICES: dict[str, Callable[[], tuple[str, ...]]] = {
     "rollout.engine": lambda: engine_cmd.ENGINES,
     "env.family": lambda: task_families.NAMES,
     "tokenizer.kind": lambda: tokenizer.TOKENIZER_KINDS,
-    "lora.publish": lambda: ("adapters", "merged"),
+    "lora.publish": lambda: LORA_PUBLISH,
 }
+LORA_PUBLISH = ("adapters", "merged")  # engines get the adapters, or the merged weights
 # Sections whose keys differ between configs: `model` holds the HF config.json fields of
 # whichever architecture; `teacher` (OPD) and `node` (GPU recipes) exist only where needed.
 OPEN_SECTIONS = ("model", "teacher", "node")
@@ -128,8 +129,7 @@ def check_config(c) -> None:
     _positive("checkpoint.every", c.checkpoint.every, allow_zero=True)
     _positive("checkpoint.keep", c.checkpoint.keep)
     _positive("sft.steps", c.sft.steps, allow_zero=True)
-    if c.lora.enabled:
-        _positive("lora.rank", c.lora.rank)
+    check_lora_config(c)
 
 
 def _check_rl(c) -> None:
@@ -208,3 +208,26 @@ def _check_env(c) -> None:
     _positive("env.num_tasks", c.env.num_tasks)
     _positive("env.sandbox_timeout_s", c.env.sandbox_timeout_s)
     _positive("env.sandbox_memory_mb", c.env.sandbox_memory_mb)
+
+
+def check_lora_config(config) -> None:
+    """Raises ConfigError for LoRA settings the trainer cannot run (before any work starts)."""
+    c = config.lora
+    if not c.enabled:
+        return
+    if int(c.rank) < 1:
+        raise ConfigError(f"lora.rank={c.rank!r} must be >= 1")
+    if not float(c.alpha) > 0:
+        raise ConfigError(f"lora.alpha={c.alpha!r} must be > 0")
+    bad = [t for t in c.targets if t not in lora.HF_TARGETS]
+    if bad or not c.targets:
+        raise ConfigError(
+            f"lora.targets={tuple(c.targets)!r} is not valid; choose from {lora.HF_TARGETS}"
+        )
+    if c.publish == "adapters" and config.rollout.engine == "embedded":
+        # The fleet starts embedded engines from the model config, not from the warm start,
+        # so they hold no base to add adapters to (and reject adapter snapshots on load).
+        raise ConfigError(
+            "lora.publish='adapters' needs an engine that holds the warm-started base weights; "
+            "the embedded engine loads full weights: use lora.publish='merged'"
+        )

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from thundersync_jax import distributed
-from thundersync_jax.learner import export, model_state, regularizers, sft
+from thundersync_jax.learner import export, lora_policy, model_state, regularizers, sft
 from thundersync_jax.learner.train_state import TrainState
 from thundersync_jax.models import qwen3, tokenizer
-from thundersync_jax.schedule import engine_fleet, lora_policy
+from thundersync_jax.schedule import engine_fleet
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ def build_policy(config, family, workdir: str, checkpointer=None) -> BuiltPolicy
     built = model_state.build_learner_model(
         config,
         warm_model=warm_model,
-        make_policy=lambda p: lora_policy.make_policy(config, p),
         checkpointer=checkpointer,
     )
     reference = built.params

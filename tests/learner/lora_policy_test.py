@@ -16,11 +16,10 @@ import pytest
 from configs.common import get_base_config
 from thundersync_jax import accumulators, losses
 from thundersync_jax.algorithms import grpo
-from thundersync_jax.learner import chunks
+from thundersync_jax.learner import chunks, lora_policy
 from thundersync_jax.learner.train_state import init_train_state, make_apply_update, make_optimizer
 from thundersync_jax.models import lora
-from thundersync_jax.schedule import lora_policy
-from thundersync_jax.schedule.config_check import ConfigError
+from thundersync_jax.schedule.config_check import ConfigError, check_lora_config
 from thundersync_jax.schedule.learner_loop import run_learner_batch
 from thundersync_jax.schedule.planner import Planner, WorkItem
 
@@ -156,4 +155,4 @@ def test_lora_gradient_matches_direct_grad(setup):
 )
 def test_invalid_lora_config_is_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        lora_policy.check_lora_config(_config(**overrides))
+        check_lora_config(_config(**overrides))

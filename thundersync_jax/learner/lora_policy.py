@@ -15,34 +15,6 @@ from typing import Any
 import jax
 
 from thundersync_jax.models import lora
-from thundersync_jax.schedule.config_check import ConfigError
-
-PUBLISH_MODES = ("adapters", "merged")
-
-
-def check_lora_config(config) -> None:
-    """Raises ConfigError for LoRA settings the trainer cannot run (before any work starts)."""
-    c = config.lora
-    if not c.enabled:
-        return
-    if int(c.rank) < 1:
-        raise ConfigError(f"lora.rank={c.rank!r} must be >= 1")
-    if not float(c.alpha) > 0:
-        raise ConfigError(f"lora.alpha={c.alpha!r} must be > 0")
-    bad = [t for t in c.targets if t not in lora.HF_TARGETS]
-    if bad or not c.targets:
-        raise ConfigError(
-            f"lora.targets={tuple(c.targets)!r} is not valid; choose from {lora.HF_TARGETS}"
-        )
-    if c.publish not in PUBLISH_MODES:
-        raise ConfigError(f"lora.publish={c.publish!r} is not valid; choose one of {PUBLISH_MODES}")
-    if c.publish == "adapters" and config.rollout.engine == "embedded":
-        # The fleet starts embedded engines from the model config, not from the warm start,
-        # so they hold no base to add adapters to (and reject adapter snapshots on load).
-        raise ConfigError(
-            "lora.publish='adapters' needs an engine that holds the warm-started base weights; "
-            "the embedded engine loads full weights: use lora.publish='merged'"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
