@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from thundersync_jax.envs import chat
 from thundersync_jax.envs.base import ToolCall, ToolSpec
+from thundersync_jax.envs.chat_format import ChatFormat, Message, tool_schema
 
 _PROBE_USER = "u"
 _PROBE_ASSISTANT = "a"
 
 
-class TemplateFormat(chat.ChatFormat):
-    """`chat.ChatFormat` over `hf_tokenizer.apply_chat_template` (text, not ids)."""
+class TemplateFormat(ChatFormat):
+    """`ChatFormat` over `hf_tokenizer.apply_chat_template` (text, not ids)."""
 
     name = "template"
 
@@ -32,17 +32,17 @@ class TemplateFormat(chat.ChatFormat):
         self.hf = hf_tokenizer
         self.end_of_turn, self.after_turn = self._turn_end()
 
-    def _render(self, messages: Sequence[chat.Message], tools=(), gen: bool = False) -> str:
+    def _render(self, messages: Sequence[Message], tools=(), gen: bool = False) -> str:
         return self.hf.apply_chat_template(
             [m.to_hf() for m in messages],
-            tools=[chat.tool_schema(t) for t in tools] or None,
+            tools=[tool_schema(t) for t in tools] or None,
             add_generation_prompt=gen,
             tokenize=False,
         )
 
     def _turn_end(self) -> tuple[str, str]:
         """(end-of-turn marker, text after it): what follows an assistant turn's content."""
-        convo = [chat.Message("user", _PROBE_USER), chat.Message("assistant", _PROBE_ASSISTANT)]
+        convo = [Message("user", _PROBE_USER), Message("assistant", _PROBE_ASSISTANT)]
         text = self._render(convo)
         tail = text[text.rindex(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT) :]
         specials = sorted(self.hf.all_special_tokens, key=len, reverse=True)
@@ -66,9 +66,9 @@ class TemplateFormat(chat.ChatFormat):
         return longer[len(prefix) :]
 
     def assistant_text(self, content: str, calls: Sequence[ToolCall]) -> str:
-        user = [chat.Message("user", _PROBE_USER)]
+        user = [Message("user", _PROBE_USER)]
         head = self._render(user, gen=True)
-        full = self._render(user + [chat.Message("assistant", content, tuple(calls))])
+        full = self._render(user + [Message("assistant", content, tuple(calls))])
         body = self._suffix(full, head, "assistant turn")
         end = self.end_of_turn + self.after_turn
         if not body.endswith(end):
@@ -76,14 +76,14 @@ class TemplateFormat(chat.ChatFormat):
         return body[: len(body) - len(end)]
 
     def tool_results_text(self, observations: Sequence[str]) -> str:
-        convo = [chat.Message("user", _PROBE_USER), chat.Message("assistant", _PROBE_ASSISTANT)]
+        convo = [Message("user", _PROBE_USER), Message("assistant", _PROBE_ASSISTANT)]
         before = self._render(convo)
         before = before[: len(before) - len(self.after_turn)]  # up to the end-of-turn marker
-        results = [chat.Message("tool", o) for o in observations]
+        results = [Message("tool", o) for o in observations]
         return self._suffix(self._render(convo + results, gen=True), before, "tool results")
 
     def generation_prompt(self) -> str:
-        user = [chat.Message("user", _PROBE_USER)]
+        user = [Message("user", _PROBE_USER)]
         return self._suffix(self._render(user, gen=True), self._render(user), "generation")
 
     def system_text(self, system: str | None, tools: Sequence[ToolSpec]) -> str:
