@@ -75,7 +75,7 @@ def check(config, entry_algorithm: str | None = None):
 
 
 @dataclasses.dataclass
-class _Run:
+class _RunParts:
     """The fixed pieces of one training run (built once, read by every step)."""
 
     config: Any
@@ -182,7 +182,7 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     last: dict = {}
     try:
         fleet, services = start_engines(config, workdir, built, algo)
-        run_ = _Run(
+        parts = _RunParts(
             config=config,
             workdir=workdir,
             algo=algo,
@@ -198,7 +198,7 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
             ),
             dp=dp,
         )
-        state, last = _train_steps(run_, state, first_step, ckpt, writer, progress)
+        state, last = _train_steps(parts, state, first_step, ckpt, writer, progress)
         if info.is_main:
             full = built.policy.full_params(state.params)
             export_final(built.graphdef, full, workdir, built.tok)
@@ -224,18 +224,18 @@ def _learner_setup(config, built) -> algorithms.LearnerSetup:
     )
 
 
-def _train_steps(run: _Run, state, first_step: int, ckpt, writer, progress):
+def _train_steps(parts: _RunParts, state, first_step: int, ckpt, writer, progress):
     """Every step from `first_step` on, checkpointed; returns (state, the last step's metrics)."""
-    config = run.config
-    run.fleet.drop_versions_from(first_step)
-    run.publish(state.params, first_step)
+    config = parts.config
+    parts.fleet.drop_versions_from(first_step)
+    parts.publish(state.params, first_step)
     pending = None  # pipelined schedules: the next batch's rollouts, already running
     # What a batch learner hands its next batch (OPD `auto`: the granularity chooser's
     # timings; host numbers). Not checkpointed: a resumed run explores again.
     carry = None
     last: dict = {}
     for step in range(first_step, config.num_steps):
-        state, pending, last, carry = _train_step(run, step, state, pending, carry)
+        state, pending, last, carry = _train_step(parts, step, state, pending, carry)
         writer.write(step, last)
         progress.update(last)
         every = int(config.checkpoint.every)
@@ -258,22 +258,22 @@ class _NoOutput:
         pass
 
 
-def _train_step(run: _Run, step: int, state, pending, carry=None):
+def _train_step(parts: _RunParts, step: int, state, pending, carry=None):
     """One batch: rollouts, learner work, optimizer step, publication.
 
     `carry` is the previous batch's `learner.carry` (None on the first step of a process).
     Returns (new state, the next batch's rollouts if pipelined else None, the step's metrics,
     this batch's carry).
     """
-    config, rl, schedule = run.config, run.config.rl, run.schedule
+    config, rl, schedule = parts.config, parts.config.rl, parts.schedule
     version = int(state.step)
-    compiles_before = run.learner.compiles()
-    current = pending or run.launch(step)
+    compiles_before = parts.learner.compiles()
+    current = pending or parts.launch(step)
     nxt = None
     if schedule.pipelined and step + 1 < config.num_steps:
-        nxt = run.launch(step + 1)  # sampled by policy `version` while this batch trains
+        nxt = parts.launch(step + 1)  # sampled by policy `version` while this batch trains
     timeline = current.timeline
-    planner = _planner(run)
+    planner = _planner(parts)
 
     def on_chunk(chunk, start, end):
         ids = [it.item_id for it in chunk if not isinstance(it.payload, MemberEnd)]
@@ -281,10 +281,10 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
             tokens = sum(it.num_tokens for it in chunk)
             timeline.record(metrics.CHUNK, start, end, group=chunk[0].group, ids=ids, tokens=tokens)
 
-    batch = run.learner.init(
+    batch = parts.learner.init(
         state.params,
         version,
-        run.policy.base,
+        parts.policy.base,
         enforce_version=schedule.enforces_version,
         carry=carry,
     )
@@ -292,7 +292,7 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
         planner,
         current.queue,
         batch,
-        run.learner.process,
+        parts.learner.process,
         on_chunk=on_chunk,
         timeout_s=float(config.rollout.request_timeout_s) * config.rollout.max_turns,
     )
@@ -303,59 +303,61 @@ def _train_step(run: _Run, step: int, state, pending, carry=None):
         nxt.thread.join()
 
     with timeline.span(metrics.OPT):
-        batch = run.learner.close_groups(batch, stats.failed_groups)
-        grads = run.dp.finalize(run.learner, batch)  # the whole batch's ∇L on every process
-        new_state, applied, grad_norm = run.apply_update(state, grads)
+        batch = parts.learner.close_groups(batch, stats.failed_groups)
+        grads = parts.dp.finalize(parts.learner, batch)  # the whole batch's ∇L on every process
+        new_state, applied, grad_norm = parts.apply_update(state, grads)
         jax.block_until_ready(new_state.params)
-    run.dp.after_update(new_state, step)
+    parts.dp.after_update(new_state, step)
     if not bool(applied):
         log_skipped_update(log, step, grad_norm)
     with timeline.span(metrics.PUBLISH):
-        run.publish(new_state.params, int(new_state.step))
+        parts.publish(new_state.params, int(new_state.step))
 
-    out = _step_metrics(run, step, timeline, batch, planner, compiles_before)
+    out = _step_metrics(parts, step, timeline, batch, planner, compiles_before)
     out.update(
         grad_norm=float(grad_norm),
         update_skipped=not bool(applied),
         rollout_failures=len(stats.failures),
     )
-    out = run.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
-    if run.dp.info.is_main:
-        _save_step_artifacts(config, run.workdir, step, timeline)
+    out = parts.dp.merge_metrics(out, batch.tally, int(rl.num_groups) * int(rl.group_size))
+    if parts.dp.info.is_main:
+        _save_step_artifacts(config, parts.workdir, step, timeline)
     log.info("step %d: %s", step, json.dumps({k: out[k] for k in sorted(out)}))
-    return new_state, nxt, out, run.learner.carry(batch)
+    return new_state, nxt, out, parts.learner.carry(batch)
 
 
-def _planner(run: _Run) -> Planner:
+def _planner(parts: _RunParts) -> Planner:
     """The batch's planner over this process's groups."""
-    config, rl = run.config, run.config.rl
+    config, rl = parts.config, parts.config.rl
     planner = Planner(
-        run.schedule,
+        parts.schedule,
         int(rl.num_groups),
         int(rl.group_size),
-        run.algo.max_chunk_tokens(config),
+        parts.algo.max_chunk_tokens(config),
         rl.max_open_groups or None,
         max_chunk_items=1 if rl.deterministic else None,
         # Each open OPD trajectory keeps a learner KV cache: cap them (backpressure).
         max_open_members=int(rl.max_open_trajectories) or None,
     )
-    planner.exclude_groups(run.dp.other_groups(int(rl.num_groups)))  # other processes' groups
+    planner.exclude_groups(parts.dp.other_groups(int(rl.num_groups)))  # other processes' groups
     return planner
 
 
-def _step_metrics(run: _Run, step: int, timeline, batch, planner, compiles_before: int) -> dict:
+def _step_metrics(
+    parts: _RunParts, step: int, timeline, batch, planner, compiles_before: int
+) -> dict:
     """The step's timings, the learner's metrics and what the batch kept, before the merge."""
     out = metrics.step_metrics(timeline)
-    out.update(run.learner.metrics(batch))
+    out.update(parts.learner.metrics(batch))
     for failure in batch.tally.verifier_failures:
         log.warning("step %d: verifier failed for %s", step, failure)
     out.update(
         step=step,
         open_groups_peak=int(planner.open_groups_peak),
         # The tallies plus what the learner kept beside them (OPD: open trajectories' caches).
-        accum_bytes_peak=int(_tree_bytes(run.learner.accumulator_state(batch)))
-        + int(run.learner.kept_bytes_peak(batch)),
-        compiles=int(run.learner.compiles() - compiles_before),
+        accum_bytes_peak=int(_tree_bytes(parts.learner.accumulator_state(batch)))
+        + int(parts.learner.kept_bytes_peak(batch)),
+        compiles=int(parts.learner.compiles() - compiles_before),
     )
     return out
 
