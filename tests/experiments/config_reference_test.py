@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from configs import common, cpu, reference
+from configs import common, cpu
+from experiments import config_reference as reference
 from thundersync_jax.schedule.config_check import ConfigError, check_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,11 +17,13 @@ def test_docs_config_md_is_current():
     # A fresh interpreter: tests elsewhere register extra estimators in this one.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
-        [sys.executable, "-m", "configs.reference"],
+        [sys.executable, "-m", "experiments.config_reference"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     with open(os.path.join(ROOT, "docs", "config.md")) as f:
-        assert f.read() == out.stdout, "run: python -m configs.reference > docs/config.md"
+        assert f.read() == out.stdout, (
+            "run: python -m experiments.config_reference > docs/config.md"
+        )
 
 
 def test_every_key_has_a_meaning():
