@@ -88,8 +88,17 @@ def model_config(config: Any) -> qwen3.Qwen3Config:
 def abstract_model(config: Any, cfg: qwen3.Qwen3Config) -> tuple[nnx.GraphDef, Any]:
     """(graphdef, abstract params) in the config's dtypes; nothing is allocated."""
     dtype, param_dtype = jnp.dtype(config.model.dtype), jnp.dtype(config.model.param_dtype)
+    m = config.model
     model = nnx.eval_shape(
-        lambda: qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+        lambda: qwen3.Qwen3(
+            cfg,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            attention_impl=str(m.attention_impl),
+            attention_block=int(m.attention_block),
+            logits_tile=int(m.logits_tile),
+            rngs=nnx.Rngs(0),
+        )
     )
     return nnx.split(model, nnx.Param)
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
+from thundersync_jax import losses
 from thundersync_jax.models import attention
 from thundersync_jax.models.qwen3 import _cache
 from thundersync_jax.models.qwen3._config import Qwen3Config
@@ -307,6 +308,7 @@ class Qwen3(nnx.Module):
       attention_impl: `models.attention.dot_product_attention`'s impl ("auto", "naive",
         "blockwise", "cudnn"); a plain attribute, so callers may switch it after building.
       attention_block: the blockwise path's query/key block size (also a plain attribute).
+      logits_tile: tokens per LM-head tile in `token_terms` (0 = whole [B, T, V] logits).
       rngs: parameter initialization randomness (keyword-only).
     """
 
@@ -319,6 +321,7 @@ class Qwen3(nnx.Module):
         remat: bool = False,
         attention_impl: str = "auto",
         attention_block: int = 512,
+        logits_tile: int = 1024,
         rngs: nnx.Rngs,
     ):
         self.cfg = cfg
@@ -326,6 +329,7 @@ class Qwen3(nnx.Module):
         self.remat = remat
         self.attention_impl = attention_impl
         self.attention_block = attention_block
+        self.logits_tile = logits_tile
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, **kw)
         self.layers = nnx.List([DecoderLayer(cfg, **kw) for _ in range(cfg.num_hidden_layers)])
@@ -407,6 +411,33 @@ class Qwen3(nnx.Module):
         return jnp.einsum(
             "BTD,DV->BTV", hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32
         )
+
+    def token_terms(
+        self,
+        hidden: Float[Array, "B T D"],
+        targets: Int[Array, "B T"],
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
+        """(log π(targets), entropy or None) under softmax(LM head(hidden) / temperature).
+
+        In tiles of `logits_tile` tokens (`losses.tiled_token_terms`: never [T, V]); with
+        `logits_tile` = 0 the whole [B, T, V] logits at once (the reference path).
+        """
+        if self.logits_tile:
+            return losses.tiled_token_terms(
+                hidden,
+                self.logits_from_hidden,
+                targets,
+                temperature=temperature,
+                tile=self.logits_tile,
+                with_entropy=with_entropy,
+            )
+        logits = self.logits_from_hidden(hidden)
+        if temperature != 1.0:
+            logits = logits / jnp.float32(temperature)
+        ent = losses.entropy(logits) if with_entropy else None
+        return losses.token_logprobs(logits, targets), ent
 
     def __call__(
         self,
