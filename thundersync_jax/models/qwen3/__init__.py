@@ -28,6 +28,7 @@ from thundersync_jax.models.qwen3._modules import (
     apply_rope,
 )
 from thundersync_jax.models.qwen3._random import random_state_dict
+from thundersync_jax.models.qwen3._segment import SegmentOutput, segment_hidden_states
 
 __all__ = [
     "MLP",
@@ -39,6 +40,7 @@ __all__ = [
     "Qwen3",
     "Qwen3Config",
     "RMSNorm",
+    "SegmentOutput",
     "apply_rope",
     "from_hf_state_dict",
     "from_pretrained",
@@ -48,6 +50,7 @@ __all__ = [
     "read_safetensors",
     "reset_rows",
     "save_pretrained",
+    "segment_hidden_states",
     "tensor_table",
     "to_hf_state_dict",
 ]
