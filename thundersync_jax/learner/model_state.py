@@ -94,6 +94,7 @@ def abstract_model(config: Any, cfg: qwen3.Qwen3Config) -> tuple[nnx.GraphDef, A
             cfg,
             dtype=dtype,
             param_dtype=param_dtype,
+            remat_offload=bool(m.remat_offload),
             attention_impl=str(m.attention_impl),
             attention_block=int(m.attention_block),
             logits_tile=int(m.logits_tile),

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
 from thundersync_jax import losses
@@ -296,6 +297,23 @@ def _run_layer(layer, x, positions, visible, cache_layer):
     return layer(x, positions, visible, cache_layer)
 
 
+# remat_offload: the only residuals kept between forward and backward are the layer inputs,
+# and they go to pinned host memory; each layer is rematerialized on the device in turn.
+_OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=(),
+    names_which_can_be_offloaded=("layer_input",),
+    offload_src="device",
+    offload_dst="pinned_host",
+)
+
+
+def _offloaded_layers(layers, x, positions, visible):
+    run = nnx.remat(_run_layer)
+    for layer in layers:
+        x, _ = run(layer, checkpoint_name(x, "layer_input"), positions, visible, None)
+    return x
+
+
 class Qwen3(nnx.Module):
     """Qwen3 (or Qwen2/Qwen2.5) causal LM: token ids -> float32 next-token logits.
 
@@ -305,6 +323,8 @@ class Qwen3(nnx.Module):
         logits are always float32.
       param_dtype: storage dtype of the parameters.
       remat: rematerialize each decoder layer in the backward pass (saves activation memory).
+      remat_offload: with remat (and no cache), keep the layers' inputs in pinned host memory
+        between the forward and the backward instead of on the device.
       attention_impl: `models.attention.dot_product_attention`'s impl ("auto", "naive",
         "blockwise", "cudnn"); a plain attribute, so callers may switch it after building.
       attention_block: the blockwise path's query/key block size (also a plain attribute).
@@ -319,6 +339,7 @@ class Qwen3(nnx.Module):
         dtype: jnp.dtype = jnp.float32,
         param_dtype: jnp.dtype = jnp.float32,
         remat: bool = False,
+        remat_offload: bool = False,
         attention_impl: str = "auto",
         attention_block: int = 512,
         logits_tile: int = 1024,
@@ -327,6 +348,7 @@ class Qwen3(nnx.Module):
         self.cfg = cfg
         self.dtype = dtype
         self.remat = remat
+        self.remat_offload = remat_offload
         self.attention_impl = attention_impl
         self.attention_block = attention_block
         self.logits_tile = logits_tile
@@ -392,8 +414,13 @@ class Qwen3(nnx.Module):
         if positions.shape != (b, t):
             raise ValueError(f"positions shape {positions.shape} != input_ids {(b, t)}")
 
-        run = nnx.remat(_run_layer) if self.remat else _run_layer
         x = self.embed_tokens(input_ids)  # [B, T, D]
+        if cache is None and self.remat and self.remat_offload:
+            x = nnx.remat(_offloaded_layers, policy=_OFFLOAD_LAYER_INPUTS)(
+                self.layers, x, positions, visible
+            )
+            return self.norm(x), None
+        run = nnx.remat(_run_layer) if self.remat else _run_layer
         kv = None if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             cache_layer = None if kv is None else (kv[0], kv[1], i, write_index)
