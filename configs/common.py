@@ -31,6 +31,14 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
             dtype="float32",  # activation / compute dtype
             param_dtype="float32",  # dtype of the stored parameters
             remat=False,  # per-layer rematerialization for long sequences
+            # With remat: keep each layer's input in pinned host memory, not on the device
+            # (GPU; on CPU the model keeps them on the device).
+            remat_offload=False,
+            # models.attention impl: auto (cuDNN on GPU where it applies, else blockwise;
+            # naive below one block pair) | naive (materializes [T, S]) | blockwise | cudnn.
+            attention_impl="auto",
+            attention_block=512,  # blockwise query/key tile
+            logits_tile=1024,  # tokens per LM-head tile for log-probs (0 = whole [T, V])
         )
     )
 

@@ -35,8 +35,18 @@ def parts():
     )
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda x: rng.normal(0, 0.3, x.shape).astype(np.float32), abstract)
-    fns = segments.make_segment_fns(graphdef, CFG, (4, 8), (16, 32))
-    score = chunks.make_score_grad_fn(graphdef, (32,))
+    # Segments on blockwise attention (4-key blocks) and 3-token log-prob tiles, the
+    # per-member reference on the naive paths ([T, S] scores, whole [T, V] logits).
+    long_model = nnx.eval_shape(
+        lambda: qwen3.Qwen3(
+            CFG, attention_impl="blockwise", attention_block=4, logits_tile=3, rngs=nnx.Rngs(0)
+        )
+    )
+    fns = segments.make_segment_fns(nnx.split(long_model, nnx.Param)[0], CFG, (4, 8), (16, 32))
+    naive = nnx.eval_shape(
+        lambda: qwen3.Qwen3(CFG, attention_impl="naive", logits_tile=0, rngs=nnx.Rngs(0))
+    )
+    score = chunks.make_score_grad_fn(nnx.split(naive, nnx.Param)[0], (32,))
     return graphdef, params, fns, score
 
 

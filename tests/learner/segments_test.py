@@ -28,7 +28,10 @@ CACHE_BUCKETS = (64, 256, 512)
 @pytest.fixture(scope="module")
 def parts():
     graphdef, abstract = nnx.split(
-        nnx.eval_shape(lambda: qwen3.Qwen3(CFG, rngs=nnx.Rngs(0))), nnx.Param
+        nnx.eval_shape(
+            lambda: qwen3.Qwen3(CFG, attention_impl="naive", logits_tile=0, rngs=nnx.Rngs(0))
+        ),
+        nnx.Param,
     )
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda x: rng.normal(0, 0.3, x.shape).astype(np.float32), abstract)
@@ -72,10 +75,29 @@ def _episode(rng, num_turns, prompt_len=5, truncated=False):
 _BUILT = {}  # compiled programs shared by the tests (compilation dominates their time)
 
 
-def _segment_fns(graphdef, mode="full"):
+def _long_paths():
+    """The model structure on blockwise attention (4-key blocks) and 3-token log-prob tiles.
+
+    The segments run on it and the one-shot reference on `parts`' naive paths ([T, S]
+    scores, whole [T, V] logits), so every comparison also checks the long paths.
+    """
+    model = nnx.eval_shape(
+        lambda: qwen3.Qwen3(
+            CFG, attention_impl="blockwise", attention_block=4, logits_tile=3, rngs=nnx.Rngs(0)
+        )
+    )
+    return nnx.split(model, nnx.Param)[0]
+
+
+def _segment_fns(graphdef, mode="full"):  # graphdef: the reference's (same params)
     if mode not in _BUILT:
         _BUILT[mode] = segments.make_segment_fns(
-            graphdef, CFG, SEG_BUCKETS, CACHE_BUCKETS, remat=mode == "remat", lora=mode == "lora"
+            _long_paths(),
+            CFG,
+            SEG_BUCKETS,
+            CACHE_BUCKETS,
+            remat=mode == "remat",
+            lora=mode == "lora",
         )
     return _BUILT[mode]
 

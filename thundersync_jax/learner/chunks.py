@@ -23,7 +23,6 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from thundersync_jax import losses
 from thundersync_jax.learner import buckets
 from thundersync_jax.losses import logprob_gap
 from thundersync_jax.models import lora
@@ -43,8 +42,8 @@ def _weighted_logprob_sum(
     With `engine_logprobs` the same forward also gives the engine/learner gap sums and, with
     `tis_cap` > 0, each token's truncated importance weight (`losses.logprob_gap.policy_objective`).
     """
-    logits = tempered(model(tokens[:, :-1]), temperature)  # [B, T-1, V]: t-1 predicts t
-    logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1] float32
+    hidden, _ = model.hidden_states(tokens[:, :-1])  # [B, T-1, D]: t-1 predicts t
+    logp, _ = model.token_terms(hidden, tokens[:, 1:], temperature)  # [B, T-1] float32
     engine = None if engine_logprobs is None else engine_logprobs[:, 1:]
     return logprob_gap.policy_objective(
         logp, loss_mask[:, 1:], token_weights[:, 1:], engine, tis_cap

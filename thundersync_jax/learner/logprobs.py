@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from thundersync_jax import losses
-from thundersync_jax.learner import buckets, chunks
+from thundersync_jax.learner import buckets
 from thundersync_jax.learner.chunks import ScoreGradFn
 from thundersync_jax.models import lora
 
@@ -40,8 +39,8 @@ class TokenLogprobFn:
         self.compiles += 1  # runs once per trace
         full = lora.merge(base_params, params) if self.score_fn.lora else params
         model = nnx.merge(self.score_fn.graphdef, full)
-        logits = chunks.tempered(model(tokens[:, :-1]), self.score_fn.temperature)
-        logp = losses.token_logprobs(logits, tokens[:, 1:])  # [B, T-1]
+        hidden, _ = model.hidden_states(tokens[:, :-1])
+        logp, _ = model.token_terms(hidden, tokens[:, 1:], self.score_fn.temperature)  # [B, T-1]
         return jnp.pad(logp, ((0, 0), (1, 0)))
 
     def __call__(self, params: Any, tokens: np.ndarray, base_params: Any = None) -> np.ndarray:

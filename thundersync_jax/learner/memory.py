@@ -18,13 +18,16 @@ Counts, per learner device:
 
 Param shards are exact (shapes from `jax.eval_shape` of the real model, split by the same
 logical rules as `sharding.param_specs`); activations are an estimate of the tensors XLA keeps
-for the backward pass (materialized [T, T] attention scores, float32 logits), good to a small
-factor, and meant to choose mesh, remat and bucket sizes, not to replace a device measurement.
+for the backward pass (`learner.activations`: linear in T on the blockwise / flash attention
+and tiled log-prob paths), good to a small factor, and meant to choose mesh, remat and bucket
+sizes, not to replace a device measurement.
 
 And, per learner process (host memory, `node.host_memory_gb` x `node.host_memory_headroom`):
   host_tallies   the same 1 + 2·M tallies for all of the process's devices when
                  `accum.placement="host"` (0 otherwise);
-  host_snapshot  the bf16 weight snapshot the process publishes to its engines in /dev/shm.
+  host_snapshot  the bf16 weight snapshot the process publishes to its engines in /dev/shm;
+  host_activations  `model.remat_offload`: every layer's input of one chunk, for each of the
+                 process's devices (the remat residuals offloaded to pinned host memory).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from flax import nnx
 
 from thundersync_jax import accumulators
 from thundersync_jax.learner import buckets
+from thundersync_jax.learner.activations import activation_bytes, layer_inputs_bytes
 from thundersync_jax.models import qwen3, sharding
 from thundersync_jax.schedule import schedules
 
@@ -87,10 +91,11 @@ class MemoryPlan:
     host_tallies: int = 0
     host_snapshot: int = 0
     host_capacity: int | None = None
+    host_activations: int = 0
 
     @property
     def host_total(self) -> int:
-        return self.host_tallies + self.host_snapshot
+        return self.host_tallies + self.host_snapshot + self.host_activations
 
     @property
     def host_fits(self) -> bool:
@@ -134,6 +139,7 @@ class MemoryPlan:
         host = [
             (f"tallies (1 + {self.open_group_tallies}, f32)", self.host_tallies),
             ("weight snapshot (/dev/shm, bf16)", self.host_snapshot),
+            ("offloaded layer inputs (remat_offload)", self.host_activations),
             ("total host", self.host_total),
             ("host capacity", self.host_capacity),
         ]
@@ -208,35 +214,6 @@ def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
         "down_proj": f + d,
     }
     return model_config.num_hidden_layers * rank * sum(sizes[t] for t in targets)
-
-
-def activation_bytes(model_config: Any, rows: int, tokens: int, tp: int, remat: bool) -> int:
-    """Estimated working set of one chunk's forward + backward on one device.
-
-    Per layer it keeps the residual and two norm outputs (3·D), q/k/v before and after
-    norm+RoPE (3·(N+2K)·H / tp), the attention output (N·H / tp), the MLP's gate, up, silu and
-    product (4·F / tp), all in the compute dtype, plus materialized scores (float32) and
-    probabilities for N heads over [T, T] (/ tp) and the boolean mask. The LM head adds float32
-    logits, log-softmax and their gradient (3·V / tp). With remat only each layer's input is
-    kept, and one layer's working set is rebuilt at a time (counted twice: values and grads).
-    """
-    m = model_config
-    a = _dtype_bytes(m.dtype)
-    n, k, h, d, f = (
-        m.num_attention_heads,
-        m.num_key_value_heads,
-        m.head_dim,
-        m.hidden_size,
-        m.intermediate_size,
-    )
-    bt = rows * tokens
-    per_token = (3 * d + (3 * (n + 2 * k) * h + n * h + 4 * f) / tp) * a
-    attention = rows * tokens * tokens * (n * (_F32 + a) / tp + 1)
-    layer = bt * per_token + attention
-    logits = 3 * bt * m.vocab_size * _F32 / tp
-    if remat:
-        return int(m.num_hidden_layers * bt * d * a + 2 * layer + logits)
-    return int(m.num_hidden_layers * layer + logits)
 
 
 def open_groups_kept(config: Any) -> int:
@@ -327,6 +304,10 @@ def plan(config: Any) -> MemoryPlan:
         host_tallies=tally_bytes * learner_devices if placement == "host" else 0,
         host_snapshot=total * 2,
         host_capacity=_host_capacity(node),
+        host_activations=learner_devices
+        * layer_inputs_bytes(config.model, int(node.get("chunk_rows", 1)), chunk_tokens)
+        if config.model.remat and config.model.remat_offload
+        else 0,
     )
 
 

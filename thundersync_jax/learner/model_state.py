@@ -87,8 +87,18 @@ def model_config(config: Any) -> qwen3.Qwen3Config:
 def abstract_model(config: Any, cfg: qwen3.Qwen3Config) -> tuple[nnx.GraphDef, Any]:
     """(graphdef, abstract params) in the config's dtypes; nothing is allocated."""
     dtype, param_dtype = jnp.dtype(config.model.dtype), jnp.dtype(config.model.param_dtype)
+    m = config.model
     model = nnx.eval_shape(
-        lambda: qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+        lambda: qwen3.Qwen3(
+            cfg,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            remat_offload=bool(m.remat_offload),
+            attention_impl=str(m.attention_impl),
+            attention_block=int(m.attention_block),
+            logits_tile=int(m.logits_tile),
+            rngs=nnx.Rngs(0),
+        )
     )
     return nnx.split(model, nnx.Param)
 

@@ -106,18 +106,18 @@ class RegularizerGradFn:
         self.compiles = 0
         self._jitted = jax.jit(self._grads)
 
-    def _logits(self, params, tokens):
-        logits = nnx.merge(self.graphdef, params)(tokens[:, :-1])  # logits at t-1 predict t
-        return chunks.tempered(logits, self.temperature)
+    def _terms(self, params, tokens, with_entropy):
+        """(log π of the next tokens, entropies or None), tiled over tokens (no [T, V])."""
+        model = nnx.merge(self.graphdef, params)
+        hidden, _ = model.hidden_states(tokens[:, :-1])  # position t-1 predicts t
+        return model.token_terms(hidden, tokens[:, 1:], self.temperature, with_entropy)
 
     def _grads(self, params, base_params, reference_params, tokens, loss_mask, token_weights):
         self.compiles += 1  # runs once per trace
         weights = loss_mask[:, 1:] * token_weights[:, 1:]  # position 0 is never scored
-        targets = tokens[:, 1:]
         ref_logp = None
         if KL in self.terms:
-            ref_logits = self._logits(jax.lax.stop_gradient(reference_params), tokens)
-            ref_logp = losses.token_logprobs(ref_logits, targets)
+            ref_logp, _ = self._terms(jax.lax.stop_gradient(reference_params), tokens, False)
 
         def term_sums(trainable):
             full = (
@@ -125,13 +125,12 @@ class RegularizerGradFn:
                 if self.lora
                 else trainable
             )
-            logits = self._logits(full, tokens)
+            logp, ent = self._terms(full, tokens, ENTROPY in self.terms)
             out = {}
             if KL in self.terms:
-                logp = losses.token_logprobs(logits, targets)
                 out[KL] = jnp.sum(self.kl(logp, ref_logp) * weights)
             if ENTROPY in self.terms:
-                out[ENTROPY] = jnp.sum(losses.entropy(logits) * weights)
+                out[ENTROPY] = jnp.sum(ent * weights)
             return out
 
         sums, pullback = jax.vjp(term_sums, params)

@@ -22,8 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from thundersync_jax import losses
-from thundersync_jax.learner import chunks, segment_layout
+from thundersync_jax.learner import segment_layout
 from thundersync_jax.losses import logprob_gap
 from thundersync_jax.models import lora, qwen3
 
@@ -150,8 +149,7 @@ class Programs:
 
         def objective(trainable, past_k, past_v):
             model, out = self._segment(trainable, base_params, past_k, past_v, seg)
-            logits = chunks.tempered(model.logits_from_hidden(out.hidden), self.temperature)
-            logp = losses.token_logprobs(logits, seg.targets[None])[0]  # [T] float32
+            logp = model.token_terms(out.hidden, seg.targets[None], self.temperature)[0][0]  # [T]
             # Â_t = log π_T − log π_s (distill), a number: no gradient through it.
             token_weights = jax.lax.stop_gradient(side - logp) if distill else side
             value, gap = logprob_gap.policy_objective(

@@ -122,6 +122,5 @@ def decode(
 def score(graphdef, params, rest, tokens, mask):
     """[R, T-1] log p(tokens[:, t+1] | tokens[:, :t+1]), float32 (no cache)."""
     model = nnx.merge(graphdef, params, rest)
-    logits = model(tokens, attention_mask=mask)  # [R, T, V]
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    hidden, _ = model.hidden_states(tokens, attention_mask=mask)  # [R, T, D]
+    return model.token_terms(hidden[:, :-1], tokens[:, 1:])[0]

@@ -18,11 +18,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from thundersync_jax import losses
 from thundersync_jax.learner import buckets
 from thundersync_jax.models import qwen3
 
@@ -70,9 +68,8 @@ class IncrementalTeacher:
     def _forward_fn(self, params, cache, ids, mask, targets):
         self.compiles += 1  # runs once per trace
         model = nnx.merge(self.graphdef, params)
-        logits, cache = model(ids, attention_mask=mask, cache=cache)
-        logits = logits / jnp.float32(self.temperature)
-        return losses.token_logprobs(logits, targets), cache
+        hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache)
+        return model.token_terms(hidden, targets, self.temperature)[0], cache
 
     @property
     def open_episodes(self) -> int:

@@ -103,12 +103,6 @@ def write_layer(
     return cache_all.at[layer, rows, write_index].set(new.astype(cache_all.dtype), mode="drop")
 
 
-def cached_attention_mask(own_slot: Int[Array, "B T"], max_len: int) -> Bool[Array, "B T S"]:
-    """Query t of row b sees the slots up to its own (older cached tokens and itself)."""
-    slots = jnp.arange(max_len, dtype=jnp.int32)
-    return slots[None, None, :] <= own_slot[:, :, None]
-
-
 def cache_positions(lengths: Int[Array, " B"], mask: Bool[Array, "B T"]) -> Int[Array, "B T"]:
     """Default positions with a cache: continue each row from its cached length."""
     return jnp.maximum(lengths[:, None] + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)

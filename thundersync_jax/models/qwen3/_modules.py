@@ -13,13 +13,18 @@ and every parameter carries logical axis names (nnx.with_partitioning metadata) 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
+from thundersync_jax import losses
+from thundersync_jax.models import attention
 from thundersync_jax.models.qwen3 import _cache
 from thundersync_jax.models.qwen3._config import Qwen3Config
 
@@ -128,6 +133,43 @@ def apply_rope(
     return x * cos + rotated * sin
 
 
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["q_slots", "kv_valid"],
+    meta_fields=["impl", "block", "q_offset"],
+)
+@dataclasses.dataclass(frozen=True)
+class AttendTo:
+    """Which key slots each query sees, and how to attend (`models.attention`).
+
+    Attributes:
+      impl: the attention implementation ("auto", "naive", "blockwise", "cudnn").
+      block: the blockwise path's query and key block size.
+      q_slots: int32 [B, T], key slot s is visible to query t iff s <= q_slots[b, t].
+      kv_valid: bool [B, S] or None (all valid); False slots are never attended.
+      q_offset: static promise q_slots == q_offset + t (and kv_valid a prefix), or None.
+    """
+
+    impl: str
+    block: int
+    q_slots: Int[Array, "B T"]
+    kv_valid: Bool[Array, "B S"] | None = None
+    q_offset: int | None = None
+
+    def attend(self, q, k, v):
+        return attention.dot_product_attention(
+            q,
+            k,
+            v,
+            q_slots=self.q_slots,
+            kv_valid=self.kv_valid,
+            impl=self.impl,
+            block_q=self.block,
+            block_k=self.block,
+            q_offset=self.q_offset,
+        )
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with optional per-head q/k RMSNorm (Qwen3) and q/k/v bias (Qwen2)."""
 
@@ -190,14 +232,14 @@ class Attention(nnx.Module):
         self,
         x: Float[Array, "B T D"],
         positions: Int[Array, "B T"],
-        mask: Bool[Array, "B T S"],
+        visible: AttendTo,
         cache_layer: tuple[Array, Array, int, Array] | None = None,
     ) -> tuple[Float[Array, "B T D"], tuple[Array, Array] | None]:
         """Attention output and, with a cache, the updated full (k, v) cache arrays.
 
+        visible: which key slots each query sees (`AttendTo`).
         cache_layer: (k [L,B,S,K,H], v [L,B,S,K,H], this layer's index, write_index [B,T]).
         """
-        cfg = self.cfg
         q, k, v = self.project_qkv(x, positions)
         new_kv = None
         if cache_layer is not None:
@@ -206,18 +248,7 @@ class Attention(nnx.Module):
             v_all = _cache.write_layer(v_all, layer, v, write_index)  # [L, B, S, K, H]
             new_kv = (k_all, v_all)
             k, v = k_all[layer].astype(self.dtype), v_all[layer].astype(self.dtype)  # [B, S, K, H]
-        b, t = q.shape[:2]
-        q = q.reshape(b, t, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
-        scores = jnp.einsum(
-            "BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32
-        )  # [B, K, G, T, S]
-        scores = scores * cfg.head_dim**-0.5
-        # A finite floor, not -inf: a query with nothing visible (padding) gets a uniform
-        # distribution instead of NaN, and NaN cannot leak into gradients.
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)  # [B, T, K, G, H]
-        out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)  # [B, T, N, H]
+        out = visible.attend(q, k, v)  # [B, T, N, H]
         return self.o_proj(out), new_kv
 
 
@@ -253,17 +284,34 @@ class DecoderLayer(nnx.Module):
         self,
         x: Float[Array, "B T D"],
         positions: Int[Array, "B T"],
-        mask: Bool[Array, "B T S"],
+        visible: AttendTo,
         cache_layer: tuple[Array, Array, int, Array] | None = None,
     ) -> tuple[Float[Array, "B T D"], tuple[Array, Array] | None]:
-        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, mask, cache_layer)
+        attn, new_kv = self.self_attn(self.input_layernorm(x), positions, visible, cache_layer)
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kv
 
 
-def _run_layer(layer, x, positions, mask, cache_layer):
-    return layer(x, positions, mask, cache_layer)
+def _run_layer(layer, x, positions, visible, cache_layer):
+    return layer(x, positions, visible, cache_layer)
+
+
+# remat_offload: the only residuals kept between forward and backward are the layer inputs,
+# and they go to pinned host memory; each layer is rematerialized on the device in turn.
+_OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=(),
+    names_which_can_be_offloaded=("layer_input",),
+    offload_src="device",
+    offload_dst="pinned_host",
+)
+
+
+def _offloaded_layers(layers, x, positions, visible):
+    run = nnx.remat(_run_layer)
+    for layer in layers:
+        x, _ = run(layer, checkpoint_name(x, "layer_input"), positions, visible, None)
+    return x
 
 
 class Qwen3(nnx.Module):
@@ -275,6 +323,12 @@ class Qwen3(nnx.Module):
         logits are always float32.
       param_dtype: storage dtype of the parameters.
       remat: rematerialize each decoder layer in the backward pass (saves activation memory).
+      remat_offload: with remat (and no cache), keep the layers' inputs in pinned host memory
+        between the forward and the backward instead of on the device.
+      attention_impl: `models.attention.dot_product_attention`'s impl ("auto", "naive",
+        "blockwise", "cudnn"); a plain attribute, so callers may switch it after building.
+      attention_block: the blockwise path's query/key block size (also a plain attribute).
+      logits_tile: tokens per LM-head tile in `token_terms` (0 = whole [B, T, V] logits).
       rngs: parameter initialization randomness (keyword-only).
     """
 
@@ -285,11 +339,19 @@ class Qwen3(nnx.Module):
         dtype: jnp.dtype = jnp.float32,
         param_dtype: jnp.dtype = jnp.float32,
         remat: bool = False,
+        remat_offload: bool = False,
+        attention_impl: str = "auto",
+        attention_block: int = 512,
+        logits_tile: int = 1024,
         rngs: nnx.Rngs,
     ):
         self.cfg = cfg
         self.dtype = dtype
         self.remat = remat
+        self.remat_offload = remat_offload
+        self.attention_impl = attention_impl
+        self.attention_block = attention_block
+        self.logits_tile = logits_tile
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, **kw)
         self.layers = nnx.List([DecoderLayer(cfg, **kw) for _ in range(cfg.num_hidden_layers)])
@@ -318,6 +380,7 @@ class Qwen3(nnx.Module):
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [B, T]; got shape {input_ids.shape}")
         b, t = input_ids.shape
+        all_real = attention_mask is None
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), bool)
         attention_mask = jnp.asarray(attention_mask).astype(bool)
@@ -327,8 +390,15 @@ class Qwen3(nnx.Module):
         if cache is None:
             if positions is None:
                 positions = jnp.maximum(jnp.cumsum(attention_mask, axis=1, dtype=jnp.int32) - 1, 0)
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & attention_mask[:, None, :]  # [B, T, S=T]
+            # Causal over the row's own tokens; padding is never a key. With no mask given the
+            # layout is plain causal (q_offset=0), which lets "auto" pick cuDNN on a GPU.
+            visible = AttendTo(
+                self.attention_impl,
+                self.attention_block,
+                jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+                attention_mask,
+                q_offset=0 if all_real else None,
+            )
             write_index = None
         else:
             if cache.lengths.shape[0] != b:
@@ -338,17 +408,23 @@ class Qwen3(nnx.Module):
             own_slot, write_index, new_lengths = _cache.write_slots(
                 cache.lengths, attention_mask, cache.max_len
             )
-            mask = _cache.cached_attention_mask(own_slot, cache.max_len)  # [B, T, S]
+            # Query t sees the slots up to its own (older cached tokens and itself).
+            visible = AttendTo(self.attention_impl, self.attention_block, own_slot)
         positions = jnp.asarray(positions, jnp.int32)
         if positions.shape != (b, t):
             raise ValueError(f"positions shape {positions.shape} != input_ids {(b, t)}")
 
-        run = nnx.remat(_run_layer) if self.remat else _run_layer
         x = self.embed_tokens(input_ids)  # [B, T, D]
+        if cache is None and self.remat and self.remat_offload:
+            x = nnx.remat(_offloaded_layers, policy=_OFFLOAD_LAYER_INPUTS)(
+                self.layers, x, positions, visible
+            )
+            return self.norm(x), None
+        run = nnx.remat(_run_layer) if self.remat else _run_layer
         kv = None if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             cache_layer = None if kv is None else (kv[0], kv[1], i, write_index)
-            x, kv = run(layer, x, positions, mask, cache_layer)
+            x, kv = run(layer, x, positions, visible, cache_layer)
         x = self.norm(x)
         if cache is None:
             return x, None
@@ -362,6 +438,33 @@ class Qwen3(nnx.Module):
         return jnp.einsum(
             "BTD,DV->BTV", hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32
         )
+
+    def token_terms(
+        self,
+        hidden: Float[Array, "B T D"],
+        targets: Int[Array, "B T"],
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Float[Array, "B T"], Float[Array, "B T"] | None]:
+        """(log π(targets), entropy or None) under softmax(LM head(hidden) / temperature).
+
+        In tiles of `logits_tile` tokens (`losses.tiled_token_terms`: never [T, V]); with
+        `logits_tile` = 0 the whole [B, T, V] logits at once (the reference path).
+        """
+        if self.logits_tile:
+            return losses.tiled_token_terms(
+                hidden,
+                self.logits_from_hidden,
+                targets,
+                temperature=temperature,
+                tile=self.logits_tile,
+                with_entropy=with_entropy,
+            )
+        logits = self.logits_from_hidden(hidden)
+        if temperature != 1.0:
+            logits = logits / jnp.float32(temperature)
+        ent = losses.entropy(logits) if with_entropy else None
+        return losses.token_logprobs(logits, targets), ent
 
     def __call__(
         self,

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
+
+from thundersync_jax.models import attention
 
 
 class SegmentOutput(NamedTuple):
@@ -35,31 +36,31 @@ class SegmentOutput(NamedTuple):
     v: Float[Array, "L B T K H"]
 
 
-def _attend_two_blocks(attn, x, positions, token_mask, past_k, past_v, past_valid):
-    """One layer's attention of the new tokens over [past slots, new tokens]."""
-    cfg = attn.cfg
+def _attend_two_blocks(attn, x, positions, token_mask, past_k, past_v, past_valid, impl):
+    """One layer's attention of the new tokens over [past slots, new tokens].
+
+    The keys are the past slots followed by the new tokens: new token t sits at slot S + t and
+    sees every valid past slot and the real new tokens up to itself.
+    """
     q, k, v = attn.project_qkv(x, positions)  # [B,T,N,H], [B,T,K,H], [B,T,K,H]
     b, t = q.shape[:2]
-    q = q.reshape(b, t, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
-    past_k, past_v = past_k.astype(attn.dtype), past_v.astype(attn.dtype)
-    scale = cfg.head_dim**-0.5
-    s_past = jnp.einsum("BTKGH,BSKH->BKGTS", q, past_k, preferred_element_type=jnp.float32)
-    s_new = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
-    causal = jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]  # [B, T, T]
-    floor = jnp.finfo(jnp.float32).min  # as `Attention`: finite, so padding cannot make NaN
-    s_past = jnp.where(past_valid[:, None, None, None, :], s_past * scale, floor)
-    s_new = jnp.where(causal[:, None, None], s_new * scale, floor)
-    probs = jax.nn.softmax(jnp.concatenate([s_past, s_new], axis=-1), axis=-1)
-    probs = probs.astype(attn.dtype)
-    p_past, p_new = probs[..., : past_k.shape[1]], probs[..., past_k.shape[1] :]
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", p_past, past_v) + jnp.einsum(
-        "BKGTS,BSKH->BTKGH", p_new, v
-    )  # [B, T, K, G, H]
-    out = out.reshape(b, t, cfg.num_attention_heads, cfg.head_dim)
+    past_s = past_k.shape[1]
+    keys = jnp.concatenate([past_k.astype(attn.dtype), k], axis=1)  # [B, S+T, K, H]
+    values = jnp.concatenate([past_v.astype(attn.dtype), v], axis=1)
+    out = attention.dot_product_attention(
+        q,
+        keys,
+        values,
+        q_slots=jnp.broadcast_to(past_s + jnp.arange(t, dtype=jnp.int32), (b, t)),
+        kv_valid=jnp.concatenate([past_valid, token_mask.astype(bool)], axis=1),
+        impl=impl[0],
+        block_q=impl[1],
+        block_k=impl[1],
+    )  # [B, T, N, H]
     return attn.o_proj(out), k, v
 
 
-def _segment_layer(layer, x, positions, token_mask, past_k, past_v, past_valid):
+def _segment_layer(layer, x, positions, token_mask, past_k, past_v, past_valid, impl):
     attn, k, v = _attend_two_blocks(
         layer.self_attn,
         layer.input_layernorm(x),
@@ -68,6 +69,7 @@ def _segment_layer(layer, x, positions, token_mask, past_k, past_v, past_valid):
         past_k,
         past_v,
         past_valid,
+        impl,
     )
     x = x + attn
     x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -113,11 +115,12 @@ def segment_hidden_states(
         )
     if past_valid.shape != (input_ids.shape[0], past_k.shape[2]):
         raise ValueError(f"past_valid {past_valid.shape} must be [B, S={past_k.shape[2]}]")
-    run = nnx.remat(_segment_layer) if model.remat else _segment_layer
+    run = nnx.remat(_segment_layer, static_argnums=7) if model.remat else _segment_layer
+    impl = (model.attention_impl, model.attention_block)  # static: (impl, block size)
     x = model.embed_tokens(input_ids)  # [B, T, D]
     new_k, new_v = [], []
     for i, layer in enumerate(model.layers):
-        x, k, v = run(layer, x, positions, token_mask, past_k[i], past_v[i], past_valid)
+        x, k, v = run(layer, x, positions, token_mask, past_k[i], past_v[i], past_valid, impl)
         new_k.append(k)
         new_v.append(v)
     return SegmentOutput(model.norm(x), jnp.stack(new_k), jnp.stack(new_v))

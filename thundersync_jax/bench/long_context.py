@@ -1,0 +1,143 @@
+"""Compiled memory of the learner's programs vs trajectory length (compile only, runs nothing).
+
+    python -m thundersync_jax.bench.long_context --tokens=4096,16384,65536 \\
+        --hidden=256 --layers=2 --heads=4 --kv_heads=2 --head_dim=64 --vocab=151936 [--naive]
+
+For a Qwen3 of the given dimensions (abstract parameters: nothing is allocated), lowers and
+compiles, for each length T, one row of:
+  * the score-gradient chunk (`learner.chunks.ScoreGradFn`: forward over T tokens, tiled
+    log-probs, gradient of Σ w·log π, per-layer remat), and
+  * a segment step: 1,024 new tokens against a cache of T tokens (the segment forward of
+    `models.qwen3`'s segments, tiled log-probs, gradient for the params and the cache),
+and prints one JSON line per length with the compiled programs' `memory_analysis()`:
+{"tokens", "temp_bytes", "argument_bytes", "output_bytes", "segment_temp_bytes"}.
+`--naive` does the same with the reference paths ([T, S] attention scores, whole [T, V]
+logits) for comparison. CPU compile times stay flat in T (blockwise loops, token tiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from thundersync_jax.learner import chunks, dry_run
+from thundersync_jax.models import qwen3
+
+SEGMENT_TOKENS = 1024
+
+
+def abstract_model(args) -> tuple[qwen3.Qwen3Config, nnx.GraphDef, nnx.State]:
+    """(config, graphdef, abstract params) of the probe's model; paths follow `args.naive`."""
+    cfg = qwen3.Qwen3Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.mlp or 3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        tie_word_embeddings=False,
+    )
+    dtype = jnp.dtype(args.dtype)
+    model = nnx.eval_shape(
+        lambda: qwen3.Qwen3(
+            cfg,
+            dtype=dtype,
+            param_dtype=dtype,
+            remat=True,
+            attention_impl="naive" if args.naive else args.impl,
+            attention_block=args.block,
+            logits_tile=0 if args.naive else args.tile,
+            rngs=nnx.Rngs(0),
+        )
+    )
+    return (cfg, *nnx.split(model, nnx.Param))
+
+
+def score_grad_memory(graphdef, params, tokens: int):
+    """The compiled score-gradient chunk of one row of `tokens` tokens."""
+    fn = chunks.ScoreGradFn(graphdef, (tokens,), remat=True)
+    ints = jax.ShapeDtypeStruct((1, tokens), jnp.int32)
+    floats = jax.ShapeDtypeStruct((1, tokens), jnp.float32)
+    return fn.lower(params, None, ints, floats, floats).compile().memory_analysis()
+
+
+def _segment_grad(graphdef, params, past_k, past_v, past_valid, ids, positions, targets):
+    def objective(params, past_k, past_v):
+        model = nnx.merge(graphdef, params)
+        mask = jnp.ones(ids.shape, bool)
+        out = qwen3.segment_hidden_states(model, ids, positions, mask, past_k, past_v, past_valid)
+        logp, _ = model.token_terms(out.hidden, targets)
+        # The segment's own keys/values get a cotangent too, as in the learner's sweep.
+        kv_term = jnp.sum(out.k.astype(jnp.float32)) + jnp.sum(out.v.astype(jnp.float32))
+        return jnp.sum(logp) + 1e-3 * kv_term
+
+    return jax.grad(objective, argnums=(0, 1, 2))(params, past_k, past_v)
+
+
+def segment_memory(cfg, graphdef, params, cache_tokens: int, dtype):
+    """The compiled gradient of one segment of 1,024 tokens against `cache_tokens` slots."""
+    kv = (cfg.num_hidden_layers, 1, cache_tokens, cfg.num_key_value_heads, cfg.head_dim)
+    seg = jax.ShapeDtypeStruct((1, SEGMENT_TOKENS), jnp.int32)
+    args = (
+        params,
+        jax.ShapeDtypeStruct(kv, dtype),
+        jax.ShapeDtypeStruct(kv, dtype),
+        jax.ShapeDtypeStruct((1, cache_tokens), bool),
+        seg,
+        seg,
+        seg,
+    )
+    fn = jax.jit(lambda *a: _segment_grad(graphdef, *a))
+    return fn.lower(*args).compile().memory_analysis()
+
+
+def probe(args, tokens: int, cfg, graphdef, params) -> dict:
+    t0 = time.perf_counter()
+    chunk = score_grad_memory(graphdef, params, tokens)
+    seg = segment_memory(cfg, graphdef, params, tokens, jnp.dtype(args.dtype))
+    return {
+        "tokens": tokens,
+        "temp_bytes": int(chunk.temp_size_in_bytes),
+        "argument_bytes": int(chunk.argument_size_in_bytes),
+        "output_bytes": int(chunk.output_size_in_bytes),
+        "segment_temp_bytes": int(seg.temp_size_in_bytes),
+        "naive": bool(args.naive),
+        "compile_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", required=True, help="comma-separated lengths, e.g. 4096,16384")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--mlp", type=int, default=0, help="MLP width (default 3 x hidden)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv_heads", type=int, default=2)
+    ap.add_argument("--head_dim", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--impl", default="blockwise", help="attention impl unless --naive")
+    ap.add_argument("--block", type=int, default=512, help="blockwise attention block")
+    ap.add_argument("--tile", type=int, default=1024, help="log-prob token tile")
+    ap.add_argument("--naive", action="store_true", help="[T, S] scores and [T, V] logits")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    dry_run.use_fake_cpu_devices(1)  # compile-only XLA flags (nothing compiled here runs)
+    cfg, graphdef, params = abstract_model(args)
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        print(json.dumps(probe(args, tokens, cfg, graphdef, params)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
