@@ -3,9 +3,9 @@ valid values and meaning, written to docs/config.md (a test keeps that file curr
 
 One place holds each key: its line in `get_base_config` (or `tiny_qwen3_model`) gives the
 default and, in the comment on that line (or the comment lines right above it), the meaning.
-Valid names come from the registries (`schedule/config_check.py:CHOICES`, and
-`algorithms.NAMES` for `rl.algorithm`), so a registered estimator shows up here too. A new key
-is one line: `name=default,  # meaning`.
+Valid names come from the registries (`schedule/config_check.py:CHOICES`; `algorithms.NAMES`
+and `algorithms.OPD_GRANULARITIES` for the `rl` keys the algorithms check), so a registered
+estimator shows up here too. A new key is one line: `name=default,  # meaning`.
 
     python -m experiments.config_reference > docs/config.md
 """
@@ -101,6 +101,7 @@ def valid_values() -> dict[str, tuple[str, ...]]:
 
     out = {key: tuple(names()) for key, names in config_check.CHOICES.items()}
     out["rl.algorithm"] = tuple(algorithms.NAMES)
+    out["rl.opd_granularity"] = tuple(algorithms.OPD_GRANULARITIES)
     return out
 
 

@@ -17,7 +17,7 @@ from thundersync_jax.learner.train_state import (
 
 def _optim(**kw):
     optim = common.get_base_config().optim  # every key at its default, then the test's values
-    optim.update(dict(learning_rate=0.1, **kw))
+    optim.update({"learning_rate": 0.1, **kw})
     return optim
 
 

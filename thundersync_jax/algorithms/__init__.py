@@ -10,6 +10,7 @@ and register it in `ALGORITHMS`.
 from __future__ import annotations
 
 from thundersync_jax.algorithms import grpo, opd
+from thundersync_jax.algorithms._opd_trajectories import GRANULARITIES as OPD_GRANULARITIES
 from thundersync_jax.algorithms.base import Algorithm, BatchLearner, LearnerSetup
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (grpo.ALGORITHM, opd.ALGORITHM)}
@@ -26,4 +27,12 @@ def get(name: str) -> Algorithm:
         ) from None
 
 
-__all__ = ["ALGORITHMS", "NAMES", "Algorithm", "BatchLearner", "LearnerSetup", "get"]
+__all__ = [
+    "ALGORITHMS",
+    "NAMES",
+    "OPD_GRANULARITIES",
+    "Algorithm",
+    "BatchLearner",
+    "LearnerSetup",
+    "get",
+]
