@@ -30,8 +30,9 @@ gradient streaming overlaps the learner's backward passes with the rollouts.
         (`accum.placement="host"`, as the paper's accumulators): 1 + 2·8 tallies of 106.8 GB
         = 1.82 TB of the node's 2 TB (DGX B200), plus the 53 GB /dev/shm weight snapshot;
         64k-token chunks whose 64 layer inputs (172 GB for the 4 GPUs) wait in host memory
-        (`model.remat_offload`), so the stream schedule keeps 7 open groups (1 + 2·7 tallies). Each chunk copies its w·h
-        (26.7 GB per GPU) to host memory; docs/scale_out.md has what that costs per chunk.
+        (`model.remat_offload`), so the stream schedule keeps 7 open groups (1 + 2·7
+        tallies). Each chunk copies its w·h (26.7 GB per GPU) to host memory;
+        docs/scale_out.md has what that costs per chunk.
         `--config.accum.placement=device --config.schedule=group` is the all-on-GPU fallback
         (no open groups: a group's backward passes start once its rewards are in).
 Expect (`python -m thundersync_jax.learner.memory --config=configs/b200.py[:full]` prints the

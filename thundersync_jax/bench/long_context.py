@@ -28,8 +28,6 @@ from flax import nnx
 from thundersync_jax.learner import chunks, dry_run
 from thundersync_jax.models import qwen3
 
-SEGMENT_TOKENS = 1024
-
 
 def abstract_model(args) -> tuple[qwen3.Qwen3Config, nnx.GraphDef, nnx.State]:
     """(config, graphdef, abstract params) of the probe's model; paths follow `args.naive`."""
@@ -67,34 +65,11 @@ def score_grad_memory(graphdef, params, tokens: int):
     return fn.lower(params, None, ints, floats, floats).compile().memory_analysis()
 
 
-def _segment_grad(graphdef, params, past_k, past_v, past_valid, ids, positions, targets):
-    def objective(params, past_k, past_v):
-        model = nnx.merge(graphdef, params)
-        mask = jnp.ones(ids.shape, bool)
-        out = qwen3.segment_hidden_states(model, ids, positions, mask, past_k, past_v, past_valid)
-        logp, _ = model.token_terms(out.hidden, targets)
-        # The segment's own keys/values get a cotangent too, as in the learner's sweep.
-        kv_term = jnp.sum(out.k.astype(jnp.float32)) + jnp.sum(out.v.astype(jnp.float32))
-        return jnp.sum(logp) + 1e-3 * kv_term
-
-    return jax.grad(objective, argnums=(0, 1, 2))(params, past_k, past_v)
-
-
 def segment_memory(cfg, graphdef, params, cache_tokens: int, dtype):
     """The compiled gradient of one segment of 1,024 tokens against `cache_tokens` slots."""
-    kv = (cfg.num_hidden_layers, 1, cache_tokens, cfg.num_key_value_heads, cfg.head_dim)
-    seg = jax.ShapeDtypeStruct((1, SEGMENT_TOKENS), jnp.int32)
-    args = (
-        params,
-        jax.ShapeDtypeStruct(kv, dtype),
-        jax.ShapeDtypeStruct(kv, dtype),
-        jax.ShapeDtypeStruct((1, cache_tokens), bool),
-        seg,
-        seg,
-        seg,
-    )
-    fn = jax.jit(lambda *a: _segment_grad(graphdef, *a))
-    return fn.lower(*args).compile().memory_analysis()
+    args = dry_run.segment_arguments(cfg, cache_tokens, dry_run.SEGMENT_TOKENS, dtype)
+    lowered = dry_run.segment_step(graphdef, use_lora=False).lower(params, None, *args)
+    return lowered.compile().memory_analysis()
 
 
 def probe(args, tokens: int, cfg, graphdef, params) -> dict:
