@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from thundersync_jax.learner import logprobs, segment_layout
-from thundersync_jax.models import lora
-from thundersync_jax.models.qwen3 import _segment
+from thundersync_jax.models import lora, qwen3
 
 
 class SegmentInputs(NamedTuple):
@@ -121,7 +120,7 @@ class Programs:
         t = seg.inputs.shape[0]
         positions = (seg.start + jnp.arange(t, dtype=jnp.int32))[None]
         valid = (jnp.arange(past_k.shape[2]) < seg.start)[None]  # [1, S]: older slots only
-        out = _segment.segment_hidden_states(
+        out = qwen3.segment_hidden_states(
             model, seg.inputs[None], positions, seg.real[None], past_k, past_v, valid
         )
         return model, out
