@@ -21,19 +21,22 @@ Node split (`c.node`): rollout engines and the learner run at the same time on d
 gradient streaming overlaps the learner's backward passes with the rollouts.
   lora: 4 rollout GPUs (tensor parallel 4) + 4 learner GPUs (mesh fsdp=1 x tp=4). Params
         16.4 GB/GPU; adapters, their grads, Adam state and 1 + 2·8 open-group tallies are a
-        few GB; trajectories up to 16k tokens per chunk. Stream schedule.
+        few GB; trajectories up to 64k tokens per chunk (blockwise / flash attention and
+        tiled log-probs: ~56 GB of activations at 65,536 tokens). Stream schedule.
   full: 4 rollout GPUs + 4 learner GPUs (mesh fsdp=1 x tp=4). bf16 params 13.4 GB/GPU, one
         f32 gradient 26.7 GB, its w·h staged for the host copy 26.7 GB, Adam 53.4 GB;
         per-open-group f32 tallies (2 x 26.7 GB per GPU
         for each open group) do not fit on the GPUs, so the tallies live in host memory
         (`accum.placement="host"`, as the paper's accumulators): 1 + 2·8 tallies of 106.8 GB
-        = 1.82 TB of the node's 2 TB (DGX B200), plus the 53 GB /dev/shm weight snapshot, and
-        the stream schedule keeps 8 open groups; 8k-token chunks. Each chunk copies its w·h
-        (26.7 GB per GPU) to host memory; docs/scale_out.md has what that costs per chunk.
+        = 1.82 TB of the node's 2 TB (DGX B200), plus the 53 GB /dev/shm weight snapshot;
+        64k-token chunks whose 64 layer inputs (172 GB for the 4 GPUs) wait in host memory
+        (`model.remat_offload`), so the stream schedule keeps 7 open groups (1 + 2·7
+        tallies). Each chunk copies its w·h (26.7 GB per GPU) to host memory;
+        docs/scale_out.md has what that costs per chunk.
         `--config.accum.placement=device --config.schedule=group` is the all-on-GPU fallback
         (no open groups: a group's backward passes start once its rewards are in).
 Expect (`python -m thundersync_jax.learner.memory --config=configs/b200.py[:full]` prints the
-table): lora ≈ 108 GB and full ≈ 144 GB of the 162 GB usable per learner GPU; full ≈ 1.87 TB
+table): lora ≈ 92 GB and full ≈ 134 GB of the 162 GB usable per learner GPU; full ≈ 1.83 TB
 of the 1.95 TB of host memory budgeted per learner process.
 Step time depends on rollout length; the learner is idle for less than the rollout tail.
 """
@@ -45,6 +48,9 @@ import ml_collections
 from configs import common
 
 VARIANTS = ("lora", "full")
+# Chunk lengths up to agent-length trajectories: blockwise / flash attention and tiled log-probs
+# keep a chunk's working set linear in its length (`learner.activations`).
+LONG_BUCKETS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
 def qwen3_27b_model() -> ml_collections.ConfigDict:
@@ -86,9 +92,9 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
     c.rollout.max_batch = 64
     c.rollout.max_turns = 30
     c.rollout.max_new_tokens_per_turn = 1024
-    c.rollout.max_traj_tokens = 16384
+    c.rollout.max_traj_tokens = 65536  # agent-length trajectories (issue 27)
     c.env.difficulty = "hard"
-    c.learner.seq_buckets = (1024, 2048, 4096, 8192, 16384)
+    c.learner.seq_buckets = LONG_BUCKETS
     c.node = ml_collections.ConfigDict(
         dict(
             gpu=gpu,
@@ -120,8 +126,11 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
     else:
         c.lora.enabled = False
         c.accum.placement = "host"  # open-group tallies do not fit the GPUs: see the docstring
-        c.rollout.max_traj_tokens = 8192
-        c.learner.seq_buckets = (1024, 2048, 4096, 8192)
+        # The 64 layer inputs of a 65,536-token chunk (43 GB per GPU) wait in host memory.
+        c.model.remat_offload = True
+        # ... beside 1 + 2·7 host tallies (172 GB of offloaded inputs leave room for 7 open
+        # groups of the 8, not 8).
+        c.rl.max_open_groups = 7
         c.optim.learning_rate = 1e-6
     return c
 

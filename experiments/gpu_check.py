@@ -18,7 +18,7 @@ from absl import app, flags
 _CPU = flags.DEFINE_bool("cpu", False, "tiny sizes on CPU (the tested path)")
 _OUT = flags.DEFINE_string("out", "runs/gpu_check.json", "where the JSON report goes")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/gpu_check", "scratch directory")
-_PARTS = flags.DEFINE_list("parts", ["learner", "vllm", "stream_sync"], "parts to run")
+_PARTS = flags.DEFINE_list("parts", ["learner", "long", "vllm", "stream_sync"], "parts to run")
 _PYTHON = flags.DEFINE_string("engine_python", "", "interpreter with vLLM (default: engine_cmd)")
 
 

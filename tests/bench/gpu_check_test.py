@@ -37,3 +37,15 @@ def test_cpu_check_writes_learner_and_vllm_figures(tmp_path):
     v = report["vllm"]
     assert v["errors"] == 0 and v["generated_tokens"] == 8 * 32
     assert v["generate_tokens_per_s"] > 0 and v["publish_gbytes_per_s"] > 0
+
+
+def test_cpu_long_sequence_part_reports_both_attention_paths(tmp_path):
+    out = tmp_path / "long.json"
+    cmd = [sys.executable, "-m", "experiments.gpu_check", "--cpu", f"--out={out}"]
+    cmd += [f"--workdir={tmp_path / 'work'}", "--parts=long"]
+    subprocess.run(cmd, check=True, timeout=1200, env=None)
+    rows = json.loads(out.read_text())["long"]
+    assert [(r["tokens"], r["impl"]) for r in rows] == [
+        (256, "auto"), (256, "blockwise"), (512, "auto"), (512, "blockwise")
+    ]  # fmt: skip
+    assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in rows)

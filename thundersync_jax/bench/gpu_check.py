@@ -3,12 +3,14 @@
     python -m experiments.gpu_check --out=runs/gpu_check.json          # one H200: ~5-8 min
     python -m experiments.gpu_check --cpu --out=runs/gpu_check_cpu.json  # tiny, on CPU
 
-Four parts, each timed after a warm-up, written to one JSON:
+Five parts, each timed after a warm-up, written to one JSON:
   learner     score-gradient chunks (the learner's own `make_score_grad_fn`) of a ~0.5B bf16
               Qwen3 (Qwen3-0.6B's shape): tokens/s and MFU = 6·N·tokens/s (plus attention
               FLOPs) over the device's peak bf16 FLOP/s (None where the peak is not known).
   vllm        the vLLM engine process (engine_cmd's interpreter): start time, publish + verified
               load of a snapshot (bytes / s), generation tokens/s of a batch of requests.
+  long        score-gradient tokens/s and MFU of one row at 8k and 32k tokens (bf16, remat),
+              cuDNN flash (`auto`) vs the blockwise attention (`bench.gpu_check_long`).
   stream_sync `experiments.swe_grpo --config=configs/cpu.py:vllm` for two steps under `sync`
               and under `stream` (same seed): both end at the same parameters (max |Δ|).
 The device, jax/vLLM versions and every setting go into the JSON beside the numbers.
@@ -254,8 +256,10 @@ def _repo_root() -> str:
 
 
 def run(*, cpu: bool, workdir: str, python: str, parts: tuple[str, ...]) -> dict[str, Any]:
-    """Runs the requested parts ("learner", "vllm", "stream_sync") and returns one report."""
+    """Runs the requested parts ("learner", "vllm", "stream_sync", "long"); one report."""
     import jax
+
+    from thundersync_jax.bench import gpu_check_long
 
     size = CheckSize.cpu() if cpu else CheckSize.gpu()
     report: dict[str, Any] = {
@@ -274,7 +278,9 @@ def run(*, cpu: bool, workdir: str, python: str, parts: tuple[str, ...]) -> dict
             report[part] = vllm_part(size, sub, python)
         elif part == "stream_sync":
             report[part] = stream_sync_part(size, sub, python)
+        elif part == "long":
+            report[part] = gpu_check_long.long_part(size, cpu)
         else:
-            raise ValueError(f"unknown part {part!r}; valid: learner, vllm, stream_sync")
+            raise ValueError(f"unknown part {part!r}; valid: learner, vllm, stream_sync, long")
     report["total_s"] = time.perf_counter() - t
     return report

@@ -23,12 +23,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from thundersync_jax.learner import chunks, dry_run
 from thundersync_jax.models import qwen3
-
-SEGMENT_TOKENS = 1024
 
 
 def abstract_model(args) -> tuple[qwen3.Qwen3Config, nnx.GraphDef, nnx.State]:
@@ -67,34 +66,11 @@ def score_grad_memory(graphdef, params, tokens: int):
     return fn.lower(params, None, ints, floats, floats).compile().memory_analysis()
 
 
-def _segment_grad(graphdef, params, past_k, past_v, past_valid, ids, positions, targets):
-    def objective(params, past_k, past_v):
-        model = nnx.merge(graphdef, params)
-        mask = jnp.ones(ids.shape, bool)
-        out = qwen3.segment_hidden_states(model, ids, positions, mask, past_k, past_v, past_valid)
-        logp, _ = model.token_terms(out.hidden, targets)
-        # The segment's own keys/values get a cotangent too, as in the learner's sweep.
-        kv_term = jnp.sum(out.k.astype(jnp.float32)) + jnp.sum(out.v.astype(jnp.float32))
-        return jnp.sum(logp) + 1e-3 * kv_term
-
-    return jax.grad(objective, argnums=(0, 1, 2))(params, past_k, past_v)
-
-
 def segment_memory(cfg, graphdef, params, cache_tokens: int, dtype):
     """The compiled gradient of one segment of 1,024 tokens against `cache_tokens` slots."""
-    kv = (cfg.num_hidden_layers, 1, cache_tokens, cfg.num_key_value_heads, cfg.head_dim)
-    seg = jax.ShapeDtypeStruct((1, SEGMENT_TOKENS), jnp.int32)
-    args = (
-        params,
-        jax.ShapeDtypeStruct(kv, dtype),
-        jax.ShapeDtypeStruct(kv, dtype),
-        jax.ShapeDtypeStruct((1, cache_tokens), bool),
-        seg,
-        seg,
-        seg,
-    )
-    fn = jax.jit(lambda *a: _segment_grad(graphdef, *a))
-    return fn.lower(*args).compile().memory_analysis()
+    args = dry_run.segment_arguments(cfg, cache_tokens, dry_run.SEGMENT_TOKENS, dtype)
+    lowered = dry_run.segment_step(graphdef, use_lora=False).lower(params, None, *args)
+    return lowered.compile().memory_analysis()
 
 
 def probe(args, tokens: int, cfg, graphdef, params) -> dict:
@@ -112,6 +88,30 @@ def probe(args, tokens: int, cfg, graphdef, params) -> dict:
     }
 
 
+def step_times(args, tokens: int, repeats: int) -> dict:
+    """Median seconds of the score-gradient chunk, new vs naive paths, runs interleaved."""
+    fns = {}
+    rng = np.random.default_rng(0)
+    for naive in (False, True):  # the same params (one tree structure) on both paths
+        args.naive = naive
+        cfg, graphdef, abstract = abstract_model(args)
+        if not naive:
+            params = jax.tree.map(lambda x: rng.normal(0, 0.02, x.shape).astype(x.dtype), abstract)
+        fns[naive] = (chunks.ScoreGradFn(graphdef, (tokens,), remat=True), params)
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, tokens), np.int32)
+    mask = np.ones((1, tokens), np.float32)
+    mask[:, 0] = 0
+    times = {False: [], True: []}
+    for i in range(repeats + 1):  # the first round compiles
+        for naive, (fn, params) in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn(params, ids, mask)[0])
+            if i:
+                times[naive].append(time.perf_counter() - t)
+    new, old = float(np.median(times[False])), float(np.median(times[True]))
+    return {"tokens": tokens, "new_s": new, "naive_s": old, "new_over_naive": new / old}
+
+
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", required=True, help="comma-separated lengths, e.g. 4096,16384")
@@ -127,11 +127,21 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=512, help="blockwise attention block")
     ap.add_argument("--tile", type=int, default=1024, help="log-prob token tile")
     ap.add_argument("--naive", action="store_true", help="[T, S] scores and [T, V] logits")
+    ap.add_argument(
+        "--time_steps",
+        type=int,
+        default=0,
+        help="instead: run (random params) new and naive chunks interleaved, N timed rounds",
+    )
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.time_steps:
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            print(json.dumps(step_times(args, tokens, args.time_steps)), flush=True)
+        return 0
     dry_run.use_fake_cpu_devices(1)  # compile-only XLA flags (nothing compiled here runs)
     cfg, graphdef, params = abstract_model(args)
     for tokens in (int(t) for t in args.tokens.split(",")):

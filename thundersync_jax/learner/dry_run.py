@@ -26,12 +26,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from thundersync_jax import gpu_node
 from thundersync_jax.learner import buckets, chunks, memory, model_state
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
-from thundersync_jax.models import lora, sharding
+from thundersync_jax.models import lora, qwen3, sharding
 
 GB = 1e9
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -145,7 +146,49 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     )
     apply = ts.make_apply_update(optimizer, bool(config.optim.skip_zero_grad))
     update_program = Compiled.of("optimizer update", apply.lower(state, grads))
-    return [grad_program, update_program], (rows, length)
+    seg = min(SEGMENT_TOKENS, length)
+    segment_program = Compiled.of(
+        f"segment gradient [{seg} new vs {length} cached]",
+        segment_step(graphdef, base is not None).lower(
+            trainable, base, *segment_arguments(cfg, length, seg, config.model.dtype)
+        ),
+    )
+    return [grad_program, segment_program, update_program], (rows, length)
+
+
+SEGMENT_TOKENS = 1024  # new tokens of the dry run's (and the probe's) segment step
+
+
+def segment_arguments(cfg: Any, cache_tokens: int, new_tokens: int, dtype: Any) -> tuple:
+    """Abstract (past_k, past_v, past_valid, ids, positions, targets) of one segment row."""
+    kv = (cfg.num_hidden_layers, 1, cache_tokens, cfg.num_key_value_heads, cfg.head_dim)
+    ids = jax.ShapeDtypeStruct((1, new_tokens), jnp.int32)
+    past = jax.ShapeDtypeStruct(kv, jnp.dtype(dtype))
+    return past, past, jax.ShapeDtypeStruct((1, cache_tokens), bool), ids, ids, ids
+
+
+def segment_step(graphdef: Any, use_lora: bool) -> Any:
+    """Jitted gradient of one segment (new tokens against a cache) for the params and the cache.
+
+    The shape of the learner's per-turn segment programs (`segment_programs`): segment forward
+    over [cache, new] keys, tiled log-probs, gradient for the trainable params and the cached
+    keys/values, the segment's own keys/values given a cotangent too.
+    """
+
+    def grads(trainable, base, past_k, past_v, past_valid, ids, positions, targets):
+        def objective(trainable, past_k, past_v):
+            full = lora.merge(jax.lax.stop_gradient(base), trainable) if use_lora else trainable
+            model = nnx.merge(graphdef, full)
+            out = qwen3.segment_hidden_states(
+                model, ids, positions, jnp.ones(ids.shape, bool), past_k, past_v, past_valid
+            )
+            logp, _ = model.token_terms(out.hidden, targets)
+            own = jnp.sum(out.k.astype(jnp.float32)) + jnp.sum(out.v.astype(jnp.float32))
+            return jnp.sum(logp) + 1e-3 * own
+
+        return jax.grad(objective, argnums=(0, 1, 2))(trainable, past_k, past_v)
+
+    return jax.jit(grads)
 
 
 def report(config: Any) -> tuple[str, bool]:

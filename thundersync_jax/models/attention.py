@@ -153,10 +153,15 @@ def dot_product_attention(
     if q.shape[2] % k.shape[2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"shapes q {q.shape}, k {k.shape}, v {v.shape} do not fit (GQA)")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if impl == "cudnn" or (impl == "auto" and _cudnn_applies(q, k, v, q_segment_ids, q_offset)):
+    if impl == "cudnn":
         if q_offset != 0 or q_segment_ids is not None:
             raise ValueError("impl='cudnn' needs q_offset=0 (plain causal) and no segment ids")
         return _cudnn(q, k, v, kv_valid, scale).astype(q.dtype)
+    if impl == "auto" and _cudnn_applies(q, k, v, q_segment_ids, q_offset):
+        try:
+            return _cudnn(q, k, v, kv_valid, scale).astype(q.dtype)
+        except (NotImplementedError, ValueError, RuntimeError):
+            pass  # a shape, dtype or cuDNN version jax's check refuses: blockwise below
     masks = (q_slots, kv_valid, q_segment_ids, kv_segment_ids)
     small = q.shape[1] * k.shape[1] <= block_q * block_k
     if impl == "naive" or (impl == "auto" and small):
