@@ -1,7 +1,7 @@
 """Shared defaults for every config; each config file overrides what it needs.
 
 Sections: model (HF config.json fields), tokenizer, mesh, lora, rl, optim,
-rollout, env, learner, checkpoint, metrics, sft. Every leaf has a default here
+rollout, env, learner, checkpoint, eval, metrics, sft. Every leaf has a default here
 so a typo in `--config.x.y=...` fails loudly (the ConfigDict is locked).
 """
 
@@ -133,8 +133,14 @@ def get_base_config() -> ml_collections.ConfigDict:
     )
     c.env = ml_collections.ConfigDict(
         dict(
-            family="mini_swe",  # mini_swe | terminal | swe_jsonl
+            family="mini_swe",  # mini_swe | terminal | swe_jsonl | swe_dataset
             instances="",  # JSONL path for swe_jsonl
+            # swe_dataset: SWE-smith / SWE-bench / Verified / SWE-Gym rows (.parquet, .jsonl,
+            # .json, a save_to_disk dir, hf:ORG/NAME[:SPLIT] offline); images by name from
+            # the image store `images` (envs/images/store.py); format auto = per row.
+            dataset="",
+            dataset_format="auto",
+            images="",
             image="",  # SWE tasks run in this OCI layout / docker-save tarball ("" = host)
             difficulty="easy",
             num_tasks=32,
@@ -150,6 +156,14 @@ def get_base_config() -> ml_collections.ConfigDict:
         )
     )
     c.checkpoint = ml_collections.ConfigDict(dict(every=5, keep=2))
+    # Held-out evaluation between steps (thundersync_jax/evaluation.py), on the rollout
+    # engines with keys of its own: every_steps (0 = off); dataset ("" = held-out tasks of
+    # the generated family, else a SWE dataset read like env.dataset); num_tasks; pass@k's
+    # k; samples per task (n = max(k, samples)); temperature; target: pass@k at which
+    # time_to_target_s and gpu_hours_to_target are written (0 = none).
+    c.eval = ml_collections.ConfigDict(
+        dict(every_steps=0, dataset="", num_tasks=4, k=2, samples=0, temperature=1.0, target=0.0)
+    )
     # Data-parallel learner processes (DESIGN §7): empty/0/-1 = from the launcher's
     # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID or the cluster, else one
     # process. debug_check_replicas: hash every replica's train state after each step.

@@ -25,11 +25,12 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
 
-from thundersync_jax import algorithms, distributed, metrics
+from thundersync_jax import algorithms, distributed, evaluation, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import agent_loop, task_families
 from thundersync_jax.learner import placement, regularizers
@@ -151,6 +152,7 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
 
 def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     """`run` once this process has joined the others (or runs alone)."""
+    started = time.monotonic()
     workdir = _prepare_workdir(config, workdir, info)
     dp = DataParallel.from_config(config, info)
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep), global_mesh=dp.global_mesh)
@@ -192,6 +194,11 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     )
     fleet = services = None
     last: dict = {}
+    # Held-out pass@k between steps (process 0; None unless eval.every_steps), its tasks and
+    # images resolved before any engine starts.
+    evaluator = None
+    if info.is_main:
+        evaluator = evaluation.Evaluator.start(config, workdir, built.tok, started)
     try:
         fleet, services = start_engines(config, workdir, built, algo)
         run_ = _Run(
@@ -218,6 +225,8 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
         carry = None
         for step in range(first_step, config.num_steps):
             state, pending, last, carry = _train_step(run_, step, state, pending, carry)
+            if evaluator is not None:  # the engines are idle: the next batch has not started
+                last.update(evaluator.after_step(step, fleet.manager))
             writer.write(step, last)
             progress.update(last)
             every = int(config.checkpoint.every)

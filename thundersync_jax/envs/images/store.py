@@ -57,19 +57,22 @@ class ImageStore:
         if not os.path.isdir(root):
             raise ImageError(f"image store {root!r} is not a directory")
         self.root = os.path.abspath(root)
-        self._tags: dict[str, str] | None = None
+        self._refs: dict[str, tuple[str, str]] | None = None
 
     def tags(self) -> dict[str, str]:
         """{normalized tag: image file path} of every image in the store."""
-        if self._tags is None:
-            self._tags = self._scan()
-        return self._tags
+        return {tag: path for tag, (path, _) in self._index().items()}
+
+    def _index(self) -> dict[str, tuple[str, str]]:
+        """{normalized tag: (image file path, the tag as that file spells it)}."""
+        if self._refs is None:
+            self._refs = self._scan()
+        return self._refs
 
     def resolve(self, name: str) -> str | None:
         """`PATH:TAG` of the image tagged `name`, or None when the store has none."""
-        tag = normalize(name)
-        path = self.tags().get(tag)
-        return f"{path}:{tag}" if path is not None else None
+        found = self._index().get(normalize(name))
+        return f"{found[0]}:{found[1]}" if found else None
 
     def resolve_swebench(self, instance_id: str) -> str | None:
         """The SWE-bench image of an instance under any namespace (swebench/, xingyaoww/
@@ -78,10 +81,10 @@ class ImageStore:
         if exact is not None:
             return exact
         suffix = "/" + swebench_image_name(instance_id).split("/", 1)[1]
-        found = sorted(t for t in self.tags() if t.endswith(suffix) or "/" + t == suffix)
-        return f"{self.tags()[found[0]]}:{found[0]}" if len(found) == 1 else None
+        found = sorted(t for t in self._index() if t.endswith(suffix) or "/" + t == suffix)
+        return self.resolve(found[0]) if len(found) == 1 else None
 
-    def _scan(self) -> dict[str, str]:
+    def _scan(self) -> dict[str, tuple[str, str]]:
         index_path = os.path.join(self.root, INDEX_FILE)
         with open(index_path + ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -104,10 +107,10 @@ class ImageStore:
                 with open(tmp, "w") as f:
                     json.dump(files, f, indent=0, sort_keys=True)
                 os.replace(tmp, index_path)
-        out: dict[str, str] = {}
+        out: dict[str, tuple[str, str]] = {}
         for name, entry in files.items():
-            for tag in entry["tags"]:
-                out.setdefault(normalize(tag), os.path.join(self.root, name))
+            for tag in entry["tags"]:  # the file's own spelling: open_image matches on it
+                out.setdefault(normalize(tag), (os.path.join(self.root, name), tag))
         return out
 
 
@@ -135,7 +138,7 @@ def image_tags(path: str) -> list[str]:
                 if member in names:
                     data = json.load(tar.extractfile(names[member]))
                     if member == "manifest.json":
-                        return [t for e in data for t in e.get("RepoTags") or []]
+                        return [t for e in data for t in e.get("RepoTags") or [] if t]
                     return _oci_tags(data)
     except (tarfile.TarError, json.JSONDecodeError, OSError) as e:
         raise ImageError(f"{path}: cannot read its tags ({e})") from None
