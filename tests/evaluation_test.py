@@ -40,6 +40,7 @@ def _config(base):
     c.sft.steps = 4  # plumbing, not learning: a short warm start ...
     c.rl.entropy_coef = 0.01  # ... and an entropy term, so every update moves the weights
     c.rollout.max_turns = 3
+    c.rl.num_groups, c.rl.group_size = 1, 2  # the smallest batch with a group
     c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
@@ -59,6 +60,7 @@ def test_eval_every_step_writes_pass_at_k_and_leaves_training_unchanged(tmp_path
             ("schedule", c.schedule), ("num_steps", c.num_steps), ("seed", c.seed),
             ("sft.steps", c.sft.steps), ("rl.entropy_coef", c.rl.entropy_coef),
             ("rollout.max_turns", c.rollout.max_turns), ("sft.cache_dir", c.sft.cache_dir),
+            ("rl.num_groups", c.rl.num_groups), ("rl.group_size", c.rl.group_size),
             ("rollout.snapshot_root", c.rollout.snapshot_root),
             ("metrics.timeline_every", 0), ("metrics.tensorboard", True),
             ("eval.every_steps", 1), ("eval.k", 2), ("eval.num_tasks", 2), ("eval.target", 1e-9),

@@ -55,6 +55,17 @@ def _check_swe(config) -> None:
             "(and env.images=<image store> for its images); nothing falls back to "
             "generated tasks"
         )
+    if config.env.family in ("swe_jsonl", "swe_dataset") and _evaluates(config):
+        if not config.eval.dataset:
+            raise ValueError(
+                f"eval.every_steps={config.eval.every_steps} on env.family="
+                f"{config.env.family} needs eval.dataset=<a SWE-bench-format dataset, e.g. "
+                "SWE-bench Verified> (only generated families have held-out tasks of their own)"
+            )
+
+
+def _evaluates(config) -> bool:
+    return "eval" in config and int(config.eval.every_steps) > 0
 
 
 def _swe_tasks(config, workdir: str) -> list:
