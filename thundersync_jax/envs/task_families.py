@@ -142,12 +142,52 @@ def _terminal_demos(config, tasks: list, tok, workdir: str) -> list:
     return kept
 
 
+def _check_bench(config) -> None:
+    if not config.env.dataset:
+        raise ValueError(
+            "env.family=terminal_bench needs env.dataset=<a directory of Terminal-Bench 2 (or "
+            "1) task directories> and env.images=<the image store holding their images>"
+        )
+    if _evaluates(config) and not config.eval.dataset:
+        raise ValueError(
+            "eval.every_steps on env.family=terminal_bench needs eval.dataset=<a directory of "
+            "held-out task directories>"
+        )
+
+
+def _bench_tasks(config, workdir: str) -> list:
+    del workdir  # published tasks are read where they are
+    env = config.env
+    return terminal.load_bench_tasks(env.dataset, images=env.images, limit=int(env.num_tasks))
+
+
+def _bench_env(config, task, workdir: str):
+    return terminal.BenchTaskEnv(
+        task,
+        memory_mb=int(config.env.sandbox_memory_mb),
+        workspace_parent=os.path.join(workdir, "episodes"),
+    )
+
+
+def _bench_demos(config, tasks: list, tok, workdir: str) -> list:
+    solved = [t for t in tasks if t.solution]  # a task without a reference teaches nothing
+    if not solved:
+        raise ValueError("no terminal task has a reference solution (solution/solve.sh)")
+    limits = agent_loop.LoopLimits.from_config(config.rollout)
+    return agent_demos.demonstration_examples(
+        [lambda t=t: _bench_env(config, t, workdir) for t in solved], tok, limits
+    )
+
+
 FAMILIES: dict[str, TaskFamily] = {
     "mini_swe": TaskFamily("mini_swe", _check_swe, _swe_tasks, _swe_env, _swe_demos),
     "swe_jsonl": TaskFamily("swe_jsonl", _check_swe, _swe_tasks, _swe_env, _swe_demos),
     "swe_dataset": TaskFamily("swe_dataset", _check_swe, _swe_tasks, _swe_env, _swe_demos),
     "terminal": TaskFamily(
         "terminal", _check_terminal, _terminal_tasks, _terminal_env, _terminal_demos
+    ),
+    "terminal_bench": TaskFamily(
+        "terminal_bench", _check_bench, _bench_tasks, _bench_env, _bench_demos
     ),
 }
 NAMES = tuple(FAMILIES)
@@ -185,6 +225,8 @@ def eval_tasks(config, workdir: str) -> list:
     tasks the run's generated family makes from another seed (under workdir/eval)."""
     ev = config.eval
     num = int(ev.num_tasks)
+    if ev.dataset and config.env.family == "terminal_bench":
+        return terminal.load_bench_tasks(ev.dataset, images=config.env.images, limit=num)
     if ev.dataset:
         if config.env.family not in factory.FAMILIES:
             raise ValueError(
