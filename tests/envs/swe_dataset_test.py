@@ -4,6 +4,7 @@ patches checked against git, malformed rows and missing images reported together
 import json
 import os
 import subprocess
+import sys
 
 import datasets
 import pyarrow as pa
@@ -104,7 +105,7 @@ def test_every_file_format_gives_the_same_smith_instances(tmp_path):
     assert inst.setup_patch == rows[1]["patch"] and inst.base_commit == "HEAD"
     assert inst.patch == repo.reverse_patch(rows[1]["patch"]) and "+x = 1" in inst.patch
     assert inst.fail_to_pass == ("t.py::a",) and inst.pass_to_pass == ("t.py::b",)
-    assert inst.image == os.path.join(images, "img1") + ":org/swesmith.x86_64.r.1:latest"
+    assert inst.image == os.path.join(images, "img1") + ":docker.io/org/swesmith.x86_64.r.1"
     assert loaded[0][0].image.startswith(os.path.join(images, "img0.tar") + ":")
     assert [i.instance_id for i in dataset.load(str(tmp_path / "d.parquet"), images=images,
                                                 limit=2)] == ["o__r.0", "o__r.1"]  # fmt: skip
@@ -122,7 +123,7 @@ def test_swebench_rows_find_their_image_by_the_harness_name(tmp_path):
     a, b = dataset.load(str(tmp_path / "v.parquet"), images=images)
     assert a.fail_to_pass == ("t::a",) and a.pass_to_pass == () and not a.setup_patch
     assert a.image.endswith("img0.tar:" + name) and a.extra["version"] == "3.0"
-    assert b.image.endswith("img1:xingyaoww/sweb.eval.x86_64.pydata_1776_xarray-1:latest")
+    assert b.image.endswith("img1:xingyaoww/sweb.eval.x86_64.pydata_1776_xarray-1")
 
 
 def test_malformed_rows_are_one_error_naming_each_row_and_field(tmp_path):
@@ -150,3 +151,27 @@ def test_missing_images_are_listed_together(tmp_path):
     assert "o__r.1, o__r.3" in msg and "r.0" not in msg.split("not found")[1]
     with pytest.raises(ValueError, match="no image store"):
         dataset.load(str(tmp_path / "d.parquet"))
+
+
+def test_hub_dataset_is_read_offline_from_the_cache(tmp_path):
+    """hf:ORG/NAME:SPLIT from a hub-cache snapshot (what `snapshot_download` leaves), with
+    HF_HUB_OFFLINE=1, in a fresh process (the hub's settings are read at import)."""
+    rows = [_row(i) for i in range(3)]
+    repo = tmp_path / "hf" / "hub" / "datasets--org--smith"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("c0ffee")
+    (repo / "snapshots" / "c0ffee" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), repo / "snapshots/c0ffee/data/train-0.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[:1]), repo / "snapshots/c0ffee/data/test-0.parquet")
+    images = _image_store(tmp_path, ["org/swesmith.x86_64.r.0", "org/swesmith.x86_64.r.1"])
+    code = (
+        "from thundersync_jax.envs.swe import dataset\n"
+        f"print([i.instance_id for i in dataset.load('hf:org/smith:train', images={images!r})])"
+    )
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "['o__r.0', 'o__r.1', 'o__r.2']"
+    code = "from thundersync_jax.envs.swe import dataset\ndataset.read_rows('hf:org/smith')"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert "name a split (test, train)" in res.stderr or "name a split (train, test)" in res.stderr

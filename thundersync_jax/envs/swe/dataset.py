@@ -72,18 +72,44 @@ def _json_rows(path: str, cache: str) -> list[dict[str, Any]]:
 
 
 def _hub_rows(name: str) -> list[dict[str, Any]]:
+    """Rows of a hub dataset from the local caches: the `datasets` cache of an earlier
+    `load_dataset`, else the hub cache's snapshot of the repository (`snapshot_download`)."""
     import datasets
 
     repo_id, _, split = name.partition(":")
     try:
-        loaded = datasets.load_dataset(repo_id, split=split or None)
-    except Exception as e:  # offline and not cached, or no such split: say which and how
-        raise ValueError(
-            f"dataset hf:{name}: not in the Hugging Face cache ({type(e).__name__}: {e}); "
-            "download it once with network access (datasets.load_dataset), then run with "
-            "HF_HUB_OFFLINE=1"
-        ) from None
-    return _split_rows(loaded, split, f"hf:{name}")
+        return _split_rows(datasets.load_dataset(repo_id, split=split or None), split, name)
+    except Exception as e:  # not in the datasets cache: try the hub cache's files
+        first = f"{type(e).__name__}: {e}"
+    with tempfile.TemporaryDirectory(prefix="tsj-dataset-") as cache:
+        try:
+            files = _snapshot_files(repo_id)
+        except Exception as e:  # offline and not cached either: say which and how
+            raise ValueError(
+                f"dataset hf:{name}: not in the Hugging Face cache ({first}; hub cache: "
+                f"{type(e).__name__}); download it once with network access, then run with "
+                "HF_HUB_OFFLINE=1"
+            ) from None
+        kind = "parquet" if files[0].endswith(".parquet") else "json"
+        by_split: dict[str, list[str]] = {}
+        for f in files:
+            by_split.setdefault(os.path.basename(f).split("-")[0].split(".")[0], []).append(f)
+        loaded = datasets.load_dataset(kind, data_files=by_split, cache_dir=cache)
+        return _split_rows(loaded, split, f"hf:{name}")
+
+
+def _snapshot_files(repo_id: str) -> list[str]:
+    """The data files (parquet, else JSON lines) of the cached snapshot of a hub dataset."""
+    import huggingface_hub
+
+    root = huggingface_hub.snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
+    for ext in (".parquet", ".jsonl", ".json"):
+        found = sorted(
+            os.path.join(d, f) for d, _, names in os.walk(root) for f in names if f.endswith(ext)
+        )
+        if found:
+            return found
+    raise FileNotFoundError(f"no .parquet/.jsonl/.json files in {root}")
 
 
 def _split_rows(loaded, split: str, where: str) -> list[dict[str, Any]]:
