@@ -183,3 +183,31 @@ def test_fixes_resolve_and_empty_patches_do_not(smith):
         assert [r["tests"][t] for t in p2p] == ["PASSED"] * len(p2p), (i, r["tests"])
     gold = _swe_eval(root, parquet, store, "gold", "gold")
     assert all(r["resolved"] for r in gold.values()) and len(gold) == len(BUGS), gold
+
+
+@pytest.mark.slow
+def test_an_image_without_git_history_is_snapshotted(smith, tmp_path):
+    """Some images ship /testbed without .git: its files become one snapshot commit (HEAD),
+    the bug is committed on top, and the fix still resolves where no patch does not."""
+    from thundersync_jax.envs import swe_eval
+    from thundersync_jax.envs.swe import dataset
+
+    root, parquet, _, fixes = smith
+    files = {"geo/__init__.py": "", "geo/shapes.py": SHAPES_V2, "tests/test_shapes.py": TESTS}
+    entries = [build.directory("testbed"), build.directory("testbed/geo")]
+    entries += [build.directory("testbed/tests")]
+    entries += [build.file_bytes(f"testbed/{k}", v.encode()) for k, v in files.items()]
+    base, env = fixtures.base_layers()
+    layers = [*base, build.write_layer(entries, str(tmp_path))]
+    store = tmp_path / "images"
+    store.mkdir()
+    config = build.image_config(layers, env, "/testbed")
+    build.write_docker_archive(str(store / "plain.tar"), layers, config, BUGS[0][0])
+    (inst,) = [
+        i for i in dataset.load(parquet, images=str(store), limit=2) if i.instance_id == "geo__0"
+    ]
+    kw = dict(workers=1, progress=False, image_cache=fixtures.cache())
+    got = swe_eval.evaluate([inst], {"geo__0": fixes["geo__0"]}, str(tmp_path / "f"), **kw)
+    assert got["geo__0"]["resolved"], got
+    got = swe_eval.evaluate([inst], {"geo__0": ""}, str(tmp_path / "e"), **kw)
+    assert not got["geo__0"]["resolved"] and got["geo__0"]["error"] is None, got
