@@ -23,6 +23,7 @@ together in one ValueError naming each row and field (or each missing image).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import tempfile
@@ -157,8 +158,8 @@ def load(spec: str, *, images: str = "", fmt: str = "auto", limit: int = 0) -> l
             missing.setdefault(image_name, []).append(inst.instance_id)
         instances.append(inst)
     _raise_problems(spec, errors, missing, images)
-    ids = [inst.instance_id for inst in instances]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+    counts = collections.Counter(inst.instance_id for inst in instances)
+    duplicates = sorted(i for i, n in counts.items() if n > 1)
     if duplicates:
         raise ValueError(f"dataset {spec}: duplicate instance_id(s) {duplicates[:_MAX_LISTED]}")
     return instances
