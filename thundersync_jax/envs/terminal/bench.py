@@ -11,11 +11,13 @@ Terminal-Bench 2 / harbor task directory:
                               /logs/verifier/reward.txt (or reward.json {"reward": x});
                               without one its exit status decides (0 = solved)
     solution/solve.sh         optional reference solution (the demonstration)
-Terminal-Bench 1 (and the task sets written in its layout): task.yaml (`instruction`,
+SETA-Env (the paper's OPD tasks) is published in harbor's registry (`seta-env@1.0`) in this
+layout. Terminal-Bench 1 (and the task sets written in its layout): task.yaml (`instruction`,
 `max_agent_timeout_sec`, `max_test_timeout_sec`), run-tests.sh (run with TEST_DIR=/tests,
 its exit status decides), tests/, solution.sh.
 
-A task without `docker_image` is looked up as `<task directory name>:latest`. Images come
+A task without `docker_image` is looked up as `<task directory name>:latest` (build its
+environment/Dockerfile with that tag, `docker save` it, import it into the store). Images come
 from an image store (`envs.images.store`); every task's image is resolved, and every task
 directory checked, before anything starts: problems come back together in one ValueError.
 """
