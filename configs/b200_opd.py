@@ -9,8 +9,8 @@ The paper's OPD setting: a Qwen3-8B-class student learns from a larger teacher's
 log-probabilities on its own trajectories through terminal tasks. Tasks are published task
 directories (`env.family="terminal_bench"`: Terminal-Bench 2's task.toml / instruction.md /
 tests/test.sh / solution/solve.sh layout, in which harbor's registry publishes SETA-Env
-(`seta-env@1.0`), or Terminal-Bench 1's task.yaml / run-tests.sh); each task's image (task.toml's docker_image, else
-`<task>:latest`) is found by name in the image store `env.images` (`python -m
+(`seta-env@1.0`), or Terminal-Bench 1's task.yaml / run-tests.sh); each task's image
+(task.toml's docker_image, else `<task>:latest`) is found by name in the image store `env.images` (`python -m
 thundersync_jax.envs.images import IMAGE.tar --store DIR`). Missing `env.dataset` is an
 error before anything starts (no generated tasks on this recipe), as is any task whose
 image the store lacks. Every 10 steps the student plays held-out Terminal-Bench tasks
