@@ -10,11 +10,11 @@ log-probabilities on its own trajectories through terminal tasks. Tasks are publ
 directories (`env.family="terminal_bench"`: Terminal-Bench 2's task.toml / instruction.md /
 tests/test.sh / solution/solve.sh layout, in which harbor's registry publishes SETA-Env
 (`seta-env@1.0`), or Terminal-Bench 1's task.yaml / run-tests.sh); each task's image
-(task.toml's docker_image, else `<task>:latest`) is found by name in the image store `env.images` (`python -m
-thundersync_jax.envs.images import IMAGE.tar --store DIR`). Missing `env.dataset` is an
-error before anything starts (no generated tasks on this recipe), as is any task whose
-image the store lacks. Every 10 steps the student plays held-out Terminal-Bench tasks
-(`eval.dataset`): `eval_pass@1`, `eval_pass@3`.
+(task.toml's docker_image, else `<task>:latest`) is found by name in the image store
+`env.images` (`python -m thundersync_jax.envs.images import IMAGE.tar --store DIR`).
+Missing `env.dataset` is an error before anything starts (no generated tasks on this
+recipe), as is any task whose image the store lacks. Every 10 steps the student plays
+held-out Terminal-Bench tasks (`eval.dataset`): `eval_pass@1`, `eval_pass@3`.
 
 Placement (`c.node`, rollout/engine_cmd.py): GPUs 0-1 the student's vLLM engine (tensor
 parallel 2), GPUs 2-3 two teacher engines (one GPU each: a 32B teacher in bf16 is 66 GB of
@@ -22,7 +22,8 @@ a B200's 180 GB), GPUs 4-7 the learner (mesh tp=4; full fine-tuning of the 8B st
 bf16 params 4 GB/GPU, f32 gradient 8 GB, Adam 16 GB, 16 open trajectories' KV caches of up
 to 8k tokens 58 GB: 108.6 of 162 GB usable, `python -m thundersync_jax.learner.memory
 --config=configs/b200_opd.py`).
-Check without GPUs: `python -m experiments.terminal_opd --config=configs/b200_opd.py --dry_run`.
+Check without GPUs (not run yet for this recipe):
+`python -m experiments.terminal_opd --config=configs/b200_opd.py --dry_run`.
 """
 
 from __future__ import annotations
