@@ -1,7 +1,20 @@
 """SWE GRPO with a 27B-class dense Qwen3 on one 8x B200 node (180 GB per GPU).
 
-    python -m experiments.swe_grpo --config=configs/b200.py          # LoRA (default)
-    python -m experiments.swe_grpo --config=configs/b200.py:full     # full fine-tuning
+    python -m experiments.swe_grpo --config=configs/b200.py \
+        --config.env.dataset=/data/swe-smith.parquet --config.env.images=/data/images \
+        --config.eval.dataset=/data/swe-bench-verified.parquet      # LoRA (default)
+    python -m experiments.swe_grpo --config=configs/b200.py:full ...  # full fine-tuning
+
+Data (the paper's GRPO setting): training tasks are SWE-smith rows (`env.dataset`: the
+published parquet, a save_to_disk directory, or hf:SWE-bench/SWE-smith:train from the HF
+cache with HF_HUB_OFFLINE=1); each row's `image_name` is found in the image store
+`env.images` (`python -m thundersync_jax.envs.images import IMAGE.tar --store DIR` for each
+`docker save`d image). Without `env.dataset` the run stops with an error before anything
+starts (no fallback to generated tasks); a row that is malformed or whose image is missing
+is named in one error, also before anything starts. Every 10 steps the policy is scored
+on SWE-bench-format tasks (`eval.dataset`, e.g. SWE-bench Verified, images by the SWE-bench
+harness's names in the same store): `eval_pass@1`, `eval_pass@3`, and `time_to_target_s` /
+`gpu_hours_to_target` once pass@3 reaches `eval.target` (the paper: 74.01%).
 
 Model: Qwen3-32B's attention and width (hidden 5120, 64 layers, 64 query / 8 key-value heads
 of 128, vocabulary 151936, untied head) with an MLP of 19456: 26.7B parameters (Qwen3-32B's
@@ -92,8 +105,15 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
     c.rollout.max_batch = 64
     c.rollout.max_turns = 30
     c.rollout.max_new_tokens_per_turn = 1024
-    c.rollout.max_traj_tokens = 65536  # agent-length trajectories (issue 27)
-    c.env.difficulty = "hard"
+    c.rollout.max_traj_tokens = 65536  # agent-length trajectories
+    c.env.family = "swe_dataset"
+    c.env.dataset = ""  # required: --config.env.dataset=<SWE-smith rows>
+    c.env.images = ""  # the image store holding every row's image_name
+    c.env.num_tasks = 1_000_000  # every row (SWE-smith has ~37k)
+    c.env.sandbox_timeout_s = 300.0
+    c.env.sandbox_memory_mb = 8192
+    c.eval.update(every_steps=10, dataset="", num_tasks=500, k=3, temperature=1.0)
+    c.eval.target = 0.7401  # the paper's pass@3 on SWE-bench Verified
     c.learner.seq_buckets = LONG_BUCKETS
     c.node = ml_collections.ConfigDict(
         dict(

@@ -1,7 +1,7 @@
 """Shared defaults for every config; each config file overrides what it needs.
 
 Sections: model (HF config.json fields), tokenizer, mesh, lora, rl, optim,
-rollout, env, learner, checkpoint, metrics, sft. Every leaf has a default here
+rollout, env, learner, checkpoint, eval, metrics, sft. Every leaf has a default here
 so a typo in `--config.x.y=...` fails loudly (the ConfigDict is locked).
 """
 
@@ -150,8 +150,12 @@ def get_base_config() -> ml_collections.ConfigDict:
     )
     c.env = ml_collections.ConfigDict(
         dict(
-            family="mini_swe",  # mini_swe | terminal | swe_jsonl
+            family="mini_swe",  # the task family (a name in envs.task_families' registry)
             instances="",  # JSONL path for swe_jsonl
+            # swe_dataset: SWE-smith / SWE-bench / Verified / SWE-Gym rows; images by name.
+            dataset="",  # swe_dataset rows: .parquet/.jsonl/.json, save_to_disk dir or hf:ORG/NAME
+            dataset_format="auto",  # row format: auto (per row) or one of envs.swe.dataset.FORMATS
+            images="",  # image store dir (docker-save tarballs, OCI layouts) found by tag
             image="",  # SWE tasks run in this OCI layout / docker-save tarball ("" = host)
             difficulty="easy",  # easy | medium | hard tasks of the family
             num_tasks=32,  # tasks in the pool
@@ -171,6 +175,19 @@ def get_base_config() -> ml_collections.ConfigDict:
         dict(
             every=5,  # save the train state every N steps (and at the end; 0 = never)
             keep=2,  # checkpoints kept
+        )
+    )
+    # Held-out evaluation between steps (thundersync_jax/evaluation.py) on the rollout engines,
+    # with sampling keys of its own: training is bit-for-bit unchanged by it.
+    c.eval = ml_collections.ConfigDict(
+        dict(
+            every_steps=0,  # evaluate after every N steps (0 = off)
+            dataset="",  # "" = held-out generated tasks, else SWE rows read like env.dataset
+            num_tasks=4,  # held-out tasks per evaluation
+            k=2,  # pass@k's k (eval_pass@1 and eval_pass@k are written)
+            samples=0,  # samples per task n = max(k, samples)
+            temperature=1.0,  # sampling temperature of the evaluation
+            target=0.0,  # pass@k that writes time_to_target_s, gpu_hours_to_target (0 = none)
         )
     )
     # Data-parallel learner processes (DESIGN §7): empty/0/-1 = from the launcher's

@@ -25,6 +25,11 @@ Temperature 0.5 keeps the transcripts well-formed (the learner scores the same
 tempered distribution), and an episode ends at its first
 all-error turn (a refused no-op edit), which keeps failed episodes short.
 
+Held-out evaluation (`--config.eval.every_steps=N`, thundersync_jax/evaluation.py): every N
+steps the policy plays `eval.num_tasks` generated tasks from another seed, k samples each at
+the rollout temperature, on the same engine between steps; `eval_pass@1` and `eval_pass@2`
+land in metrics.jsonl and TensorBoard, and training is unchanged (its own sampling keys).
+
 Variants (`--config=configs/cpu.py:VARIANT`):
   smoke   one small real update (2 groups x 4 members, the full run's episode budgets):
           a 120-step warm start (~2 min on 2 idle cores, cached under the workdir or
@@ -74,6 +79,7 @@ def get_config(arg: str | None = None):
     c.sft.batch_size = 8
     c.sft.decoys = True
     c.checkpoint.every = 5
+    c.eval.temperature = 0.5  # the rollout temperature: pass@k of the policy being trained
     if arg in ("smoke", "vllm"):
         c.num_steps = 1
         c.rl.num_groups = 2

@@ -25,12 +25,13 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import jax
 
 from configs import common
-from thundersync_jax import algorithms, distributed, gpu_node, metrics
+from thundersync_jax import algorithms, distributed, evaluation, gpu_node, metrics
 from thundersync_jax.algorithms.base import MemberEnd
 from thundersync_jax.envs import task_families
 from thundersync_jax.envs.trajectory import LoopLimits
@@ -154,6 +155,7 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
 
 def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
     """`run` once this process has joined the others (or runs alone)."""
+    started = time.monotonic()
     workdir = _prepare_workdir(config, workdir, info)
     dp = DataParallel.from_config(config, info)
     ckpt = Checkpointer(workdir, keep=int(config.checkpoint.keep), global_mesh=dp.global_mesh)
@@ -180,6 +182,11 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
         progress = metrics.StepProgress(config.num_steps, desc=desc, initial=first_step)
     fleet = services = None
     last: dict = {}
+    # Held-out pass@k between steps (process 0; None unless eval.every_steps), its tasks and
+    # images resolved before any engine starts.
+    evaluator = None
+    if info.is_main:
+        evaluator = evaluation.Evaluator.start(config, workdir, built.tok, started)
     try:
         fleet, services = start_engines(config, workdir, built, algo)
         parts = _RunParts(
@@ -198,7 +205,7 @@ def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
             ),
             dp=dp,
         )
-        state, last = _train_steps(parts, state, first_step, ckpt, writer, progress)
+        state, last = _train_steps(parts, state, first_step, ckpt, writer, progress, evaluator)
         if info.is_main:
             full = built.policy.full_params(state.params)
             export_final(built.graphdef, full, workdir, built.tok)
@@ -224,8 +231,11 @@ def _learner_setup(config, built) -> algorithms.LearnerSetup:
     )
 
 
-def _train_steps(parts: _RunParts, state, first_step: int, ckpt, writer, progress):
-    """Every step from `first_step` on, checkpointed; returns (state, the last step's metrics)."""
+def _train_steps(parts: _RunParts, state, first_step: int, ckpt, writer, progress, evaluator):
+    """Every step from `first_step` on, checkpointed; returns (state, the last step's metrics).
+
+    `evaluator` (None = off) scores held-out tasks after a step, on the engines' new policy.
+    """
     config = parts.config
     parts.fleet.drop_versions_from(first_step)
     parts.publish(state.params, first_step)
@@ -236,6 +246,8 @@ def _train_steps(parts: _RunParts, state, first_step: int, ckpt, writer, progres
     last: dict = {}
     for step in range(first_step, config.num_steps):
         state, pending, last, carry = _train_step(parts, step, state, pending, carry)
+        if evaluator is not None:
+            last.update(evaluator.after_step(step, parts.fleet.manager))
         writer.write(step, last)
         progress.update(last)
         every = int(config.checkpoint.every)

@@ -92,7 +92,8 @@ def test_unknown_task_family_names_the_valid_ones():
 
     c = cpu.get_config("smoke")
     c.env.family = "swe_bench"
-    with pytest.raises(ConfigError, match="choose one of: mini_swe, swe_jsonl, terminal"):
+    valid = "mini_swe, swe_jsonl, swe_dataset, terminal, terminal_bench"
+    with pytest.raises(ConfigError, match=f"choose one of: {valid}"):
         train.check(c)
 
 

@@ -1,7 +1,12 @@
 """Score given patches on SWE-bench-format instances, without any model (harness style).
 
     python -m thundersync_jax.envs.swe_eval --instances I.jsonl --predictions P.jsonl \
-        --out R.json --workers 4
+        --out R.json --workers 4 [--images DIR] [--format auto|swe-bench|swe-smith|...]
+
+`--instances` is any dataset `envs.swe.dataset` reads: SWE-bench / Verified / SWE-Gym /
+SWE-smith rows in .jsonl, .json, .parquet, a save_to_disk directory or hf:ORG/NAME[:SPLIT]
+(offline). With `--images DIR` (an image store, `envs.images.store`) each row's image is
+found by name: SWE-smith's `image_name`, or the SWE-bench harness's instance image name.
 
 Each prediction is {"instance_id", "model_patch"} (JSONL or a JSON list;
 `--predictions gold` scores every instance's own gold patch). R.json maps each
@@ -29,8 +34,8 @@ import tqdm
 
 from thundersync_jax.envs import verify
 from thundersync_jax.envs.images import cache as image_cache_lib
+from thundersync_jax.envs.swe import dataset, verifier
 from thundersync_jax.envs.swe import instance as instance_lib
-from thundersync_jax.envs.swe import verifier
 from thundersync_jax.envs.swe.instance import SweInstance
 
 
@@ -116,7 +121,9 @@ def _entry(reward, resolved, tests, reason, error, applied) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--instances", required=True, help="SWE-bench-format JSONL")
+    p.add_argument("--instances", required=True, help="a dataset (see above)")
+    p.add_argument("--images", default="", help="image store: rows' images by name")
+    p.add_argument("--format", default="auto", choices=dataset.FORMATS, help="row format")
     p.add_argument(
         "--predictions", required=True, help='JSONL of {instance_id, model_patch}, or "gold"'
     )
@@ -137,7 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
-    instances = instance_lib.load_jsonl(args.instances)
+    try:
+        instances = dataset.load(args.instances, images=args.images, fmt=args.format)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.predictions == "gold":
         predictions = {inst.instance_id: inst.patch for inst in instances}
     else:

@@ -4,6 +4,7 @@
     tasks = family.build_tasks(config, workdir)
     env = family.make_env(config, tasks[i], workdir)
     examples = family.demonstrations(config, tasks, tok, workdir)   # warm start / teacher data
+    held_out = eval_tasks(config, workdir)              # the in-loop evaluation's tasks
 
 Every family works with every algorithm: GRPO and OPD only see `Environment`s and
 `SFTExample`s. Group k of step n plays task (n·K + k) mod |tasks| (`env_factory`).
@@ -12,6 +13,7 @@ Every family works with every algorithm: GRPO and OPD only see `Environment`s an
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +49,24 @@ def _check_swe(config) -> None:
     factory.difficulties(config.env.difficulty)
     if config.env.family == "swe_jsonl" and not config.env.instances:
         raise ValueError("env.family=swe_jsonl needs env.instances=<path to a SWE-bench JSONL>")
+    if config.env.family == "swe_dataset" and not config.env.dataset:
+        raise ValueError(
+            "env.family=swe_dataset needs env.dataset=<a SWE-smith / SWE-bench dataset: "
+            ".parquet, .jsonl, .json, a save_to_disk directory or hf:ORG/NAME[:SPLIT]> "
+            "(and env.images=<image store> for its images); nothing falls back to "
+            "generated tasks"
+        )
+    if config.env.family in ("swe_jsonl", "swe_dataset") and _evaluates(config):
+        if not config.eval.dataset:
+            raise ValueError(
+                f"eval.every_steps={config.eval.every_steps} on env.family="
+                f"{config.env.family} needs eval.dataset=<a SWE-bench-format dataset, e.g. "
+                "SWE-bench Verified> (only generated families have held-out tasks of their own)"
+            )
+
+
+def _evaluates(config) -> bool:
+    return "eval" in config and int(config.eval.every_steps) > 0
 
 
 def _swe_tasks(config, workdir: str) -> list:
@@ -123,11 +143,52 @@ def _terminal_demos(config, tasks: list, tok, workdir: str) -> list:
     return kept
 
 
+def _check_bench(config) -> None:
+    if not config.env.dataset:
+        raise ValueError(
+            "env.family=terminal_bench needs env.dataset=<a directory of Terminal-Bench 2 (or "
+            "1) task directories> and env.images=<the image store holding their images>"
+        )
+    if _evaluates(config) and not config.eval.dataset:
+        raise ValueError(
+            "eval.every_steps on env.family=terminal_bench needs eval.dataset=<a directory of "
+            "held-out task directories>"
+        )
+
+
+def _bench_tasks(config, workdir: str) -> list:
+    del workdir  # published tasks are read where they are
+    env = config.env
+    return terminal.load_bench_tasks(env.dataset, images=env.images, limit=int(env.num_tasks))
+
+
+def _bench_env(config, task, workdir: str):
+    return terminal.BenchTaskEnv(
+        task,
+        memory_mb=int(config.env.sandbox_memory_mb),
+        workspace_parent=os.path.join(workdir, "episodes"),
+    )
+
+
+def _bench_demos(config, tasks: list, tok, workdir: str) -> list:
+    solved = [t for t in tasks if t.solution]  # a task without a reference teaches nothing
+    if not solved:
+        raise ValueError("no terminal task has a reference solution (solution/solve.sh)")
+    limits = LoopLimits.from_config(config.rollout)
+    return agent_demos.demonstration_examples(
+        [lambda t=t: _bench_env(config, t, workdir) for t in solved], tok, limits
+    )
+
+
 FAMILIES: dict[str, TaskFamily] = {
     "mini_swe": TaskFamily("mini_swe", _check_swe, _swe_tasks, _swe_env, _swe_demos),
     "swe_jsonl": TaskFamily("swe_jsonl", _check_swe, _swe_tasks, _swe_env, _swe_demos),
+    "swe_dataset": TaskFamily("swe_dataset", _check_swe, _swe_tasks, _swe_env, _swe_demos),
     "terminal": TaskFamily(
         "terminal", _check_terminal, _terminal_tasks, _terminal_env, _terminal_demos
+    ),
+    "terminal_bench": TaskFamily(
+        "terminal_bench", _check_bench, _bench_tasks, _bench_env, _bench_demos
     ),
 }
 NAMES = tuple(FAMILIES)
@@ -153,3 +214,34 @@ def env_factory(config, tasks: list, workdir: str, step: int) -> Callable[[int, 
         return family.make_env(config, tasks[(step * k_per_step + group) % len(tasks)], workdir)
 
     return make
+
+
+# Held-out generated tasks come from another seed than the training pool's.
+HELD_OUT_SEED_OFFSET = 1_000_003
+
+
+def eval_tasks(config, workdir: str) -> list:
+    """The in-loop evaluation's tasks: the first `eval.num_tasks` of `eval.dataset` (a SWE
+    dataset, read like `env.dataset`, images from `env.images`), or, without one, held-out
+    tasks the run's generated family makes from another seed (under workdir/eval)."""
+    ev = config.eval
+    num = int(ev.num_tasks)
+    if ev.dataset and config.env.family == "terminal_bench":
+        return terminal.load_bench_tasks(ev.dataset, images=config.env.images, limit=num)
+    if ev.dataset:
+        if config.env.family not in factory.FAMILIES:
+            raise ValueError(
+                f"eval.dataset is a SWE dataset; env.family={config.env.family!r} evaluates "
+                "on held-out generated tasks (leave eval.dataset empty)"
+            )
+        return factory.dataset_instances(ev.dataset, config.env, num)
+    if config.env.family not in ("mini_swe", "terminal"):
+        raise ValueError(
+            f"env.family={config.env.family!r} has no generated held-out tasks: set "
+            "eval.dataset=<a SWE-bench-format dataset>"
+        )
+    held_out = config.copy_and_resolve_references()
+    held_out.unlock()
+    held_out.seed = int(config.seed) + HELD_OUT_SEED_OFFSET
+    held_out.env.num_tasks = num
+    return get(config.env.family).build_tasks(held_out, os.path.join(workdir, "eval"))

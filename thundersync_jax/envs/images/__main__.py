@@ -3,6 +3,8 @@
     python -m thundersync_jax.envs.images build --from-instances I.jsonl --out DIR \
         [--format oci|docker|both] [--python EXE]
     python -m thundersync_jax.envs.images inspect IMAGE [--cache DIR] [--unpack]
+    python -m thundersync_jax.envs.images import FILE [FILE ...] --store DIR
+    python -m thundersync_jax.envs.images list --store DIR
 
 `build` makes one image per repository of I.jsonl from the host's interpreter
 (python_image.py: loader and libraries, a few shell tools, the interpreter and
@@ -15,6 +17,10 @@ the same for every repository, so they are stored and unpacked once.
 `inspect` prints the format, the layers (diff_id, blob digest, size), Env,
 WorkingDir, the cache key and whether (and where) the cache holds it unpacked;
 `--unpack` unpacks it first and prints how long that took.
+
+`import` puts `docker save` tarballs or OCI layouts into an image store (store.py), where
+datasets find them by tag (`env.images=DIR`, `swe_eval --images DIR`); `list` prints
+every tag of a store and the file holding it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from thundersync_jax.envs.images import build, layout, python_image
+from thundersync_jax.envs.images import build, layout, python_image, store
 from thundersync_jax.envs.images import cache as cache_lib
 
 
@@ -132,7 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     i.add_argument("image", help="OCI layout dir or docker-save tarball [:TAG|@DIGEST]")
     i.add_argument("--cache", default="", help="rootfs cache (default $TSJ_IMAGE_CACHE)")
     i.add_argument("--unpack", action="store_true", help="unpack into the cache first")
+    im = sub.add_parser("import", help="copy image files into a store, indexed by their tags")
+    im.add_argument("files", nargs="+", help="docker-save tarballs or OCI layout directories")
+    im.add_argument("--store", required=True, help="the store directory")
+    ls = sub.add_parser("list", help="print a store's tags and their files")
+    ls.add_argument("--store", required=True, help="the store directory")
     args = p.parse_args(argv)
+    if args.command in ("import", "list"):
+        return _store_command(args)
     if args.command == "build":
         formats = ("oci", "docker") if args.format == "both" else (args.format,)
         start = time.monotonic()
@@ -142,6 +155,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = cache_lib.ImageCache(args.cache) if args.cache else cache_lib.default_cache()
     try:
         print(inspect(args.image, cache, unpack=args.unpack))
+    except layout.ImageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _store_command(args) -> int:
+    try:
+        if args.command == "import":
+            for path in args.files:
+                dest, tags = store.import_image(path, args.store)
+                print(f"{dest}: {' '.join(tags)}")
+        for tag, path in sorted(store.ImageStore(args.store).tags().items()):
+            if args.command == "list":
+                print(f"{tag}\t{os.path.relpath(path, args.store)}")
     except layout.ImageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

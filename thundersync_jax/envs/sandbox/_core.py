@@ -49,6 +49,8 @@ class Sandbox:
       python: interpreter whose prefixes are bound read-only and whose bin directory
         leads PATH (so `python` and `pytest` work); None binds none.
       ro_binds: extra host paths bound read-only, each `path` or `(host_path, box_path)`.
+      rw_binds: extra host directories bound writable, each `(host_path, box_path)`
+        (chowned to the box's uid like the root), e.g. a task's /logs.
       max_processes: RLIMIT_NPROC (processes and threads of the sandbox uid).
       max_file_mb: RLIMIT_FSIZE, the largest file a process may write.
       tmp_mb: size of each tmpfs (/tmp, /dev/shm); these live in memory.
@@ -74,6 +76,7 @@ class Sandbox:
         *,
         python: str | None = sys.executable,
         ro_binds: Sequence[str | tuple[str, str]] = (),
+        rw_binds: Sequence[tuple[str, str]] = (),
         max_processes: int = 64,
         max_file_mb: int = 256,
         tmp_mb: int = 256,
@@ -114,16 +117,19 @@ class Sandbox:
         if python is not None and self.rootfs is None:
             self._ro_binds += [(d, d) for d in _mounts.python_binds(python)]
             path = os.path.dirname(os.path.abspath(python)) + ":" + path
-        for host, box in self._ro_binds:
+        self._rw_binds = [(os.path.abspath(h), b) for h, b in rw_binds]
+        for host, box in self._ro_binds + self._rw_binds:
             if not os.path.exists(host):
-                raise ValueError(f"ro_binds entry {host!r} does not exist on the host")
+                raise ValueError(f"bind {host!r} does not exist on the host")
             if not os.path.isabs(box):
-                raise ValueError(f"ro_binds target {box!r} must be an absolute path")
+                raise ValueError(f"bind target {box!r} must be an absolute path")
         # The root is handed to the box (and chowned to its uid when we are root): it must
         # not be a system directory, a home, or hold anything the box should only read.
         guarded = [h for h, _ in self._ro_binds] + [os.path.expanduser("~")]
         guarded += [self.rootfs] if self.rootfs else []
-        if self.root in _mounts.SYSTEM_DIRS or any(_mounts.is_under(g, self.root) for g in guarded):
+        roots = [self.root, *(h for h, _ in self._rw_binds)]  # all handed over and chowned
+        if any(r in _mounts.SYSTEM_DIRS or any(_mounts.is_under(g, r) for g in guarded)
+               for r in roots):  # fmt: skip
             raise ValueError(
                 f"sandbox root {self.root!r} is a system directory or contains a home or a "
                 "read-only bind (e.g. the interpreter or image); use a dedicated task directory"
@@ -144,7 +150,8 @@ class Sandbox:
 
     def __enter__(self) -> Sandbox:
         if self._is_root:
-            _identity.chown_tree(self.root, self.uid)
+            for root in [self.root, *(h for h, _ in self._rw_binds)]:
+                _identity.chown_tree(root, self.uid)
         reason = self._isolation_problem()
         if reason is None:
             self.isolated = True
@@ -309,7 +316,7 @@ class Sandbox:
         if self.rootfs is None:
             a += _mounts.host_system_mounts()
         else:
-            own = [*identity, self.root_at, *(box for _, box in self._ro_binds)]
+            own = [*identity, self.root_at, *(box for _, box in self._ro_binds + self._rw_binds)]
             a += _mounts.image_rootfs_mounts(self.rootfs, own)
             a += _mounts.host_tools()[0]
         if self._etc_dir is None:
@@ -321,12 +328,13 @@ class Sandbox:
         for tmpfs in ("/tmp", "/dev/shm"):
             a += ["--perms", "1777", "--size", tmp_bytes, "--tmpfs", tmpfs]
         made = {"/", "/etc", "/tmp", "/dev", "/proc", self.root_at}
-        for host, box in self._ro_binds:
+        binds = [("--ro-bind", h, b) for h, b in self._ro_binds]
+        for kind, host, box in binds + [("--bind", h, b) for h, b in self._rw_binds]:
             for parent in _mounts.ancestors(box):
                 if parent not in made and not _mounts.is_under(parent, "/usr"):
                     a += ["--dir", parent]
                     made.add(parent)
-            a += ["--ro-bind", host, box]
+            a += [kind, host, box]
         for parent in _mounts.ancestors(self.root_at):
             if parent not in made and self.rootfs is None:
                 a += ["--dir", parent]

@@ -87,12 +87,7 @@ class SweEnvironment(Environment):
         self._episode_dir = tempfile.mkdtemp(prefix=f"{safe_id}-", dir=self.workdir)
         image = self._held.enter_context(image_sandbox.held_image(self.instance, self.image_cache))
         source = verifier.source_repo(self.instance, self.cache_dir, image)
-        self._workspace = repo.checkout(
-            source,
-            self.instance.base_commit,
-            os.path.join(self._episode_dir, "repo"),
-            os.path.join(self._episode_dir, "git"),
-        )
+        self._workspace = verifier.checkout_task(self.instance, source, self._episode_dir)
         config = image_sandbox.sandbox_config(self.instance, self.sandbox_config, image)
         self._sandbox = Sandbox(self._workspace.path, **config).__enter__()
         self.submitted = False

@@ -1,4 +1,6 @@
-"""SWE task sets and environments from a config's `env` section (configs/common.py).
+"""SWE task sets and environments from a config's `env` section (configs/common.py):
+generated mini-SWE tasks, a SWE-bench JSONL (`swe_jsonl`), or a published dataset
+(`swe_dataset`: SWE-bench / Verified / SWE-Gym / SWE-smith rows, `swe.dataset`).
 
 instances = factory.load_instances(config.env, workdir, seed=config.seed)
 make_env = lambda i: factory.make_environment(instances[i], workdir, config.env)
@@ -10,11 +12,11 @@ import dataclasses
 import os
 from typing import Any
 
-from thundersync_jax.envs.swe import mini_swe
+from thundersync_jax.envs.swe import dataset, mini_swe
 from thundersync_jax.envs.swe.environment import SweEnvironment
 from thundersync_jax.envs.swe.instance import SweInstance, load_jsonl
 
-FAMILIES = ("mini_swe", "swe_jsonl")
+FAMILIES = ("mini_swe", "swe_jsonl", "swe_dataset")
 
 
 def difficulties(spec: str) -> tuple[str, ...]:
@@ -63,7 +65,20 @@ def _task_set(env_cfg: Any, workdir: str, seed: int) -> list[SweInstance]:
             raise ValueError("env.family=swe_jsonl needs env.instances (a JSONL path)")
         instances = load_jsonl(env_cfg.instances)
         return instances[: int(env_cfg.num_tasks)] if int(env_cfg.num_tasks) > 0 else instances
+    if family == "swe_dataset":
+        return dataset_instances(env_cfg.dataset, env_cfg, int(env_cfg.num_tasks))
     raise ValueError(f"env.family {family!r} is not a SWE family; SWE families: {FAMILIES}")
+
+
+def dataset_instances(spec: str, env_cfg: Any, limit: int) -> list[SweInstance]:
+    """The first `limit` instances of a published dataset (`swe.dataset`), their images
+    found in `env.images`; every row checked and every image resolved here, before any
+    training starts."""
+    if not spec:
+        raise ValueError("env.family=swe_dataset needs env.dataset")
+    return dataset.load(
+        spec, images=str(env_cfg.images or ""), fmt=str(env_cfg.dataset_format), limit=limit
+    )
 
 
 def make_environment(instance: SweInstance, workdir: str, env_cfg: Any) -> SweEnvironment:

@@ -62,9 +62,15 @@ def box_cwd(instance: SweInstance, image: cache_lib.UnpackedImage) -> str:
 
 def repository_in_image(instance: SweInstance, image: cache_lib.UnpackedImage | None) -> str | None:
     """The git repository the image keeps at repo_dir (host path), if any."""
+    tree = tree_in_image(instance, image)
+    return tree if tree is not None and os.path.isdir(os.path.join(tree, ".git")) else None
+
+
+def tree_in_image(instance: SweInstance, image: cache_lib.UnpackedImage | None) -> str | None:
+    """The directory the image has at repo_dir (host path), if any."""
     if image is None:
         return None
     path = os.path.join(image.rootfs, instance.repo_dir.lstrip("/"))
     real = os.path.realpath(path)  # a symlink in the image must not lead the host elsewhere
     inside = real.startswith(os.path.realpath(image.rootfs) + os.sep)
-    return real if inside and os.path.isdir(os.path.join(real, ".git")) else None
+    return real if inside and os.path.isdir(real) else None

@@ -7,7 +7,9 @@ offline use: `repo_path` (a local git repository used instead of cloning
 command test ids are appended to), `image` (a container image the tools and
 tests run in: an OCI layout directory or a `docker save` tarball, optionally
 `:TAG` or `@sha256:DIGEST`; see thundersync_jax.envs.images) and `repo_dir`
-(where the repository appears in that image, default /testbed). One more
+(where the repository appears in that image, default /testbed) and `setup_patch`
+(a diff applied and committed on top of base_commit before the episode starts: the
+task's real starting point; SWE-smith rows introduce their bug with it). One more
 optional field is read from `extra`: `editable_paths`, path prefixes a model
 patch may change (the verifier ignores changes elsewhere; mini-SWE sets it to
 the package so tests and pytest config cannot be edited into a pass).
@@ -35,6 +37,8 @@ _REQUIRED = (
     "PASS_TO_PASS",
 )
 
+_OPTIONAL = ("repo_path", "env", "test_cmd", "image", "repo_dir", "setup_patch")
+
 
 @dataclasses.dataclass(frozen=True)
 class SweInstance:
@@ -55,6 +59,8 @@ class SweInstance:
       image: container image to run in ("" = the host's toolchain); a relative path is
         resolved against the JSONL file's directory.
       repo_dir: where the repository is mounted in the image (absolute box path).
+      setup_patch: a diff committed on top of base_commit at reset and before scoring
+        ("" = none); the agent's patch and the tests are taken against the result.
       extra: any other fields of the JSONL record, kept for round trips.
     """
 
@@ -71,6 +77,7 @@ class SweInstance:
     test_cmd: str = DEFAULT_TEST_CMD
     image: str = ""
     repo_dir: str = DEFAULT_REPO_DIR
+    setup_patch: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -99,7 +106,7 @@ class SweInstance:
             raise ValueError(
                 f"instance {record['instance_id']}: env must be an object, got {env!r}"
             )
-        known = set(_REQUIRED) | {"repo_path", "env", "test_cmd", "image", "repo_dir"}
+        known = set(_REQUIRED) | set(_OPTIONAL)
         image = str(record.get("image") or "")
         if image and base_dir and not os.path.isabs(image):
             image = os.path.normpath(os.path.join(base_dir, image))
@@ -130,6 +137,7 @@ class SweInstance:
             test_cmd=str(record.get("test_cmd") or DEFAULT_TEST_CMD),
             image=image,
             repo_dir=os.path.normpath(repo_dir),
+            setup_patch=str(record.get("setup_patch") or ""),
             extra={k: v for k, v in record.items() if k not in known},
         )
 
@@ -151,6 +159,8 @@ class SweInstance:
         )
         if self.image:
             record.update(image=self.image, repo_dir=self.repo_dir)
+        if self.setup_patch:
+            record.update(setup_patch=self.setup_patch)
         return record
 
 
@@ -170,6 +180,22 @@ def _test_list(record: dict[str, Any], key: str) -> tuple[str, ...]:
             f"instance {record['instance_id']}: {key} must be a list of test ids, got {value!r}"
         )
     return tuple(value)
+
+
+def read_json_records(path: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (blank lines skipped) or of a JSON list."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        return list(json.loads(text))
+    records = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from None
+    return records
 
 
 def load_jsonl(path: str) -> list[SweInstance]:

@@ -212,3 +212,129 @@ def restrict_patch(patch: str, prefixes: Sequence[str]) -> tuple[str, list[str]]
             header = piece.splitlines()[0] if piece.strip() else ""
             dropped.extend([p for p in paths if not p.startswith(tuple(prefixes))] or [header])
     return "".join(kept), dropped
+
+
+def commit_patch(ws: Workspace, patch: str, message: str) -> Workspace:
+    """Applies `patch` and commits it in the workspace's private repository; returns the
+    workspace based at that commit (the task's starting point: diffs and resets are
+    taken against it). SWE-smith rows use it to introduce their bug into the clean tree."""
+    try:
+        ws.apply(patch)
+    except GitError as e:
+        raise GitError(f"the task's setup patch does not apply: {e}") from None
+    ws.git("add", "-A", ".")
+    ws.git("commit", "--quiet", "--no-verify", "--allow-empty", "-m", message)
+    return dataclasses.replace(ws, base_commit=ws.git("rev-parse", "HEAD").strip())
+
+
+_HUNK_HEADER = re.compile(r"^@@ -(\d+(?:,\d+)?) \+(\d+(?:,\d+)?) @@(.*)$")
+_SWAPPED = {
+    "new file mode ": "deleted file mode ",
+    "deleted file mode ": "new file mode ",
+    "old mode ": "new mode ",
+    "new mode ": "old mode ",
+    "rename from ": "rename to ",
+    "rename to ": "rename from ",
+    "copy from ": "copy to ",
+    "copy to ": "copy from ",
+}
+
+
+def reverse_patch(patch: str) -> str:
+    """The unified diff that undoes `patch` (what `git apply -R` would apply).
+
+    Hunks are read by their header counts, so a changed line that looks like a header
+    stays a changed line; within each run of changes the removals come first, as git
+    writes them, and a "\\ No newline" marker stays with its line. Binary diffs cannot be
+    reversed from their text: ValueError.
+    """
+    out: list[str] = []
+    lines = patch.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = _HUNK_HEADER.match(line)
+        if m:
+            out.append(f"@@ -{m.group(2)} +{m.group(1)} @@{m.group(3)}")
+            i = _reverse_hunk(lines, i + 1, m, out)
+            continue
+        out.append(_reverse_header(line, lines, i))
+        i += 1
+    return "\n".join(out) + ("\n" if patch.endswith("\n") else "")
+
+
+def _reverse_header(line: str, lines: list[str], i: int) -> str:
+    if line.startswith(("GIT binary patch", "Binary files ")):
+        raise ValueError("a binary diff cannot be reversed from its text")
+    if line.startswith("diff --git "):
+        m = re.fullmatch(r"diff --git (\S+) (\S+)", line)
+        return f"diff --git a/{m.group(2)[2:]} b/{m.group(1)[2:]}" if m else line
+    if line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+        return "--- " + _side(lines[i + 1][4:], "a/")
+    if line.startswith("+++ ") and i > 0 and lines[i - 1].startswith("--- "):
+        return "+++ " + _side(lines[i - 1][4:], "b/")
+    if line.startswith("index "):
+        m = re.fullmatch(r"index ([0-9a-f]+)\.\.([0-9a-f]+)(.*)", line)
+        return f"index {m.group(2)}..{m.group(1)}{m.group(3)}" if m else line
+    for prefix, swapped in _SWAPPED.items():
+        if line.startswith(prefix):
+            return swapped + line[len(prefix) :]
+    return line
+
+
+def _side(name: str, prefix: str) -> str:
+    return name if name.startswith("/dev/null") else prefix + name[2:]
+
+
+def _reverse_hunk(lines: list[str], i: int, header: re.Match, out: list[str]) -> int:
+    """Appends the reversed body of the hunk starting at lines[i]; returns where it ends."""
+    count = lambda spec: int(spec.split(",")[1]) if "," in spec else 1  # noqa: E731
+    old_left, new_left = count(header.group(1)), count(header.group(2))
+    removed: list[str] = []  # the reversed hunk's removals (were additions)
+    added: list[str] = []
+
+    def flush() -> None:
+        out.extend(removed)
+        out.extend(added)
+        removed.clear()
+        added.clear()
+
+    last: list[str] | None = None
+    while i < len(lines) and (old_left > 0 or new_left > 0 or lines[i].startswith("\\")):
+        line = lines[i]
+        i += 1
+        if line.startswith("\\"):
+            (last if last is not None else out).append(line)
+            continue
+        tag, text = (line[:1], line[1:]) if line else (" ", "")
+        if tag == "-":
+            added.append("+" + text)
+            old_left, last = old_left - 1, added
+        elif tag == "+":
+            removed.append("-" + text)
+            new_left, last = new_left - 1, removed
+        else:
+            flush()
+            out.append(" " + text)
+            old_left, new_left, last = old_left - 1, new_left - 1, out
+    flush()
+    return i
+
+
+def snapshot(tree: str, dest: str) -> str:
+    """A bare repository at `dest` whose one commit holds the files of `tree` (a
+    repository shipped without its .git, as some images do); made once (process-safe)."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(dest):
+            tmp = dest + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            run_git(["init", "--quiet", "--bare", tmp], os.path.dirname(dest))
+            with open(os.path.join(tmp, "info", "exclude"), "a") as f:
+                f.write("\n".join(_EXCLUDES) + "\n")
+            where = ["--git-dir", tmp, "--work-tree", tree]
+            run_git([*where, "add", "-A", "."], tree, timeout=1800)
+            run_git([*where, "commit", "--quiet", "--no-verify", "-m", "snapshot"], tree)
+            os.rename(tmp, dest)
+    return dest

@@ -33,13 +33,31 @@ def source_repo(
     instance: SweInstance, cache_dir: str, image: image_cache_lib.UnpackedImage | None = None
 ) -> str:
     """The local repository holding the instance's base_commit: `repo_path`, else the one
-    the instance's image keeps at repo_dir, else a mirror of `repo` (cloned once)."""
+    the instance's image keeps at repo_dir (a snapshot of its files when the image holds
+    them without .git; base_commit is then HEAD), else a mirror of `repo` (cloned once)."""
     if instance.repo_path:
         return instance.repo_path
     in_image = image_sandbox.repository_in_image(instance, image)
     if in_image is not None:
         return in_image
+    tree = image_sandbox.tree_in_image(instance, image)
+    if tree is not None:  # the repository without its history: one snapshot commit
+        return repo.snapshot(tree, os.path.join(cache_dir, "snapshots", image.key + ".git"))
     return repo.mirror(instance.repo, cache_dir)
+
+
+def checkout_task(instance: SweInstance, source: str, scratch: str) -> repo.Workspace:
+    """base_commit of `source` checked out under scratch/repo (git data in scratch/git),
+    with the instance's setup_patch committed on top when it has one."""
+    ws = repo.checkout(
+        source,
+        instance.base_commit,
+        os.path.join(scratch, "repo"),
+        os.path.join(scratch, "git"),
+    )
+    if instance.setup_patch:
+        ws = repo.commit_patch(ws, instance.setup_patch, f"task {instance.instance_id}")
+    return ws
 
 
 def test_command(instance: SweInstance, test_ids: Sequence[str]) -> str:
@@ -144,12 +162,7 @@ def _evaluate_in(
     source = source_repo(instance, cache_dir or os.path.join(workdir, "repos"), image)
     scratch = tempfile.mkdtemp(prefix="eval-", dir=workdir)
     try:
-        ws = repo.checkout(
-            source,
-            instance.base_commit,
-            os.path.join(scratch, "repo"),
-            os.path.join(scratch, "git"),
-        )
+        ws = checkout_task(instance, source, scratch)
         base = {**DEFAULT_SANDBOX, **(sandbox_config or {})}
         config = image_sandbox.sandbox_config(instance, base, None)
         dropped: list[str] = []
