@@ -30,8 +30,7 @@ from typing import Any
 
 import numpy as np
 
-# Peak dense bf16 FLOP/s per device kind (vendor figures, no sparsity).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "B200": 2250e12, "A100": 312e12}
+from thundersync_jax.bench.flops import device_peak_flops, median_time, model_flops_per_token
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,30 +65,6 @@ class CheckSize:
         return cls(tiny, "float32", 2, 128, 3, 8, 16, 32, 0.1, 2)
 
 
-def _median_time(call, repeats: int) -> float:
-    call()  # warm-up: compile
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
-def model_flops_per_token(cfg: Any, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N (matmul params) + 12·L·T·d_attn (attention scores)."""
-    attn = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (2 * attn + 2 * kv) + 3 * cfg.hidden_size * cfg.intermediate_size
-    matmul = cfg.num_hidden_layers * per_layer + cfg.vocab_size * cfg.hidden_size
-    return 6.0 * matmul + 12.0 * cfg.num_hidden_layers * seq_len * attn
-
-
-def device_peak_flops(device: Any) -> float | None:
-    kind = str(getattr(device, "device_kind", ""))
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in kind.upper()), None)
-
-
 def learner_part(size: CheckSize) -> dict[str, Any]:
     """Score-gradient tokens/s and MFU of the learner's jitted chunk function."""
     import jax
@@ -113,7 +88,7 @@ def learner_part(size: CheckSize) -> dict[str, Any]:
         h, _ = fn(params, tokens, mask)
         jax.block_until_ready(h)
 
-    seconds = _median_time(call, size.learner_repeats)
+    seconds = median_time(call, size.learner_repeats)
     tokens_per_s = tokens.size / seconds
     peak = device_peak_flops(jax.devices()[0])
     flops = model_flops_per_token(cfg, size.learner_seq) * tokens_per_s

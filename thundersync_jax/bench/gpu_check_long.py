@@ -21,7 +21,7 @@ def _one(size: Any, cfg: Any, impl: str, length: int) -> dict[str, Any]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from thundersync_jax.bench import gpu_check
+    from thundersync_jax.bench import flops
     from thundersync_jax.learner import chunks
     from thundersync_jax.models import qwen3
 
@@ -40,18 +40,18 @@ def _one(size: Any, cfg: Any, impl: str, length: int) -> dict[str, Any]:
     def call():
         jax.block_until_ready(fn(params, tokens, mask)[0])
 
-    seconds = gpu_check._median_time(call, size.learner_repeats)
+    seconds = flops.median_time(call, size.learner_repeats)
     tokens_per_s = length / seconds
     # Causal attention does half the [T, T] work the FLOP count assumes: count it as such.
-    flops = gpu_check.model_flops_per_token(cfg, length // 2) * tokens_per_s
-    peak = gpu_check.device_peak_flops(jax.devices()[0])
+    achieved = flops.model_flops_per_token(cfg, length // 2) * tokens_per_s
+    peak = flops.device_peak_flops(jax.devices()[0])
     return {
         "impl": impl,
         "tokens": length,
         "seconds_per_chunk": seconds,
         "tokens_per_s": tokens_per_s,
-        "model_tflops_per_s": flops / 1e12,
-        "mfu": None if peak is None else flops / peak,
+        "model_tflops_per_s": achieved / 1e12,
+        "mfu": None if peak is None else achieved / peak,
     }
 
 
