@@ -6,7 +6,14 @@ logits = model(input_ids)                      # [B, T] int32 -> [B, T, V] float
 qwen3.save_pretrained(model, path)             # loadable by transformers
 """
 
-from thundersync_jax.models.qwen3._cache import KVCache, init_cache, reset_rows
+from thundersync_jax.models.qwen3._cache import (
+    KVCache,
+    cache_positions,
+    init_cache,
+    reset_rows,
+    write_layer,
+    write_slots,
+)
 from thundersync_jax.models.qwen3._config import Qwen3Config
 from thundersync_jax.models.qwen3._hf_io import (
     from_hf_state_dict,
@@ -28,6 +35,7 @@ from thundersync_jax.models.qwen3._modules import (
     apply_rope,
 )
 from thundersync_jax.models.qwen3._random import random_state_dict
+from thundersync_jax.models.qwen3._shards import tensor_views
 
 __all__ = [
     "MLP",
@@ -44,10 +52,14 @@ __all__ = [
     "from_pretrained",
     "random_state_dict",
     "init_cache",
+    "cache_positions",
+    "write_layer",
+    "write_slots",
     "read_config",
     "read_safetensors",
     "reset_rows",
     "save_pretrained",
     "tensor_table",
+    "tensor_views",
     "to_hf_state_dict",
 ]
