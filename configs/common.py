@@ -31,6 +31,10 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
             dtype="float32",  # activation / compute dtype
             param_dtype="float32",
             remat=False,  # per-layer rematerialization for long sequences
+            # MoE policies: "replay" the experts the engine routed each token to in the
+            # learner's score-gradient forward (gate weights from the learner's own router),
+            # or "recompute" them; dense models ignore it.
+            routing="replay",
         )
     )
 

@@ -31,6 +31,7 @@ from thundersync_jax.envs.trajectory import (  # noqa: F401
     Trajectory,
     Turn,
     TurnKey,
+    route_array,
 )
 from thundersync_jax.envs.transcript import Transcript, truncate_text  # noqa: F401
 from thundersync_jax.models.tokenizer import Tokenizer
@@ -97,6 +98,7 @@ def _snapshot(
         turns=list(turns),
         stop_reason=stop_reason,
         start_time=start.start_time,
+        routes=route_array(turns, len(tokens)),
     )
 
 
@@ -133,6 +135,7 @@ def _sample_turn(
         sample_start=sample_start,
         sample_end=sample_end,
         context_len=len(transcript.tokens) - turn_start - len(sample.tokens),
+        routes=sample.routes,
     )
 
 

@@ -29,8 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
-from thundersync_jax.models import qwen3, sharding
-from thundersync_jax.models.qwen3 import _shards
+from thundersync_jax.models import auto, sharding
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class LearnerModel:
     """
 
     mesh: Mesh
-    model_cfg: qwen3.Qwen3Config
+    model_cfg: Any
     graphdef: nnx.GraphDef
     params: Any
     param_shardings: Any
@@ -67,13 +66,17 @@ class LearnerModel:
     resumed: bool
 
 
-def model_config(config: Any) -> qwen3.Qwen3Config:
-    """The run's architecture: the checkpoint's config.json, else the `model` section."""
+def model_config(config: Any) -> Any:
+    """The run's architecture: the checkpoint's config.json, else the `model` section
+    (any `models.auto` family: dense Qwen3/Qwen2, Qwen3-MoE, GLM-4.7-Flash)."""
     path = str(config.model.get("checkpoint", "") or "")
     if not path:
-        return qwen3.Qwen3Config.from_config_dict(config.model)
-    cfg = qwen3.read_config(path)
-    section = qwen3.Qwen3Config.from_config_dict(config.model)
+        return auto.config_from_section(config.model)
+    cfg = auto.read_config(path)
+    section = auto.config_from_section(config.model)
+    if type(section) is not type(cfg):
+        log.info("architecture from %s/config.json: %s", path, cfg)
+        return cfg
     differ = [
         f"{f.name}={getattr(cfg, f.name)!r} (config says {getattr(section, f.name)!r})"
         for f in dataclasses.fields(cfg)
@@ -85,12 +88,10 @@ def model_config(config: Any) -> qwen3.Qwen3Config:
     return cfg
 
 
-def abstract_model(config: Any, cfg: qwen3.Qwen3Config) -> tuple[nnx.GraphDef, Any]:
+def abstract_model(config: Any, cfg: Any) -> tuple[nnx.GraphDef, Any]:
     """(graphdef, abstract params) in the config's dtypes; nothing is allocated."""
     dtype, param_dtype = jnp.dtype(config.model.dtype), jnp.dtype(config.model.param_dtype)
-    model = nnx.eval_shape(
-        lambda: qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
-    )
+    model = nnx.eval_shape(lambda: auto.build(cfg, dtype=dtype, param_dtype=param_dtype))
     return nnx.split(model, nnx.Param)
 
 
@@ -102,11 +103,11 @@ def _initial_params(config, cfg, graphdef, shardings, warm_model) -> Any:
         return jax.jit(cast, out_shardings=shardings)(nnx.split(warm_model, nnx.Param)[1])
     path = str(config.model.get("checkpoint", "") or "")
     if path:
-        return _shards.load_sharded_params(path, cfg, shardings, param_dtype)
+        return auto.load_sharded_params(path, cfg, shardings, param_dtype)
     seed, dtype = int(config.seed), jnp.dtype(config.model.dtype)
 
     def init():
-        model = qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+        model = auto.build(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
         return nnx.split(model, nnx.Param)[1]
 
     return jax.jit(init, out_shardings=shardings)()
@@ -115,7 +116,7 @@ def _initial_params(config, cfg, graphdef, shardings, warm_model) -> Any:
 def build_learner_model(
     config: Any,
     *,
-    warm_model: qwen3.Qwen3 | None = None,
+    warm_model: nnx.Module | None = None,
     make_policy: Callable[[Any], Any] | None = None,
     checkpointer: Any = None,
     devices: Any = None,

@@ -205,7 +205,11 @@ class SparseMoe(nnx.Module):
         flat = x.reshape(b * t, d)
         scores = self.gate.scores(flat)  # [N, E] float32
         own = self.gate.select(scores)  # [N, K]
-        use = own if routes is None else routes.reshape(b * t, -1).astype(jnp.int32)
+        use = own
+        if routes is not None:
+            # A token whose given route has a -1 (none reported) keeps its own choice.
+            given = routes.reshape(b * t, -1).astype(jnp.int32)
+            use = jnp.where(jnp.all(given >= 0, axis=-1, keepdims=True), given, own)
         out = self.experts(flat, use, self.gate.weights(scores, use))
         out = out.reshape(b, t, d).astype(self.dtype)
         if self.shared_experts is not None:
