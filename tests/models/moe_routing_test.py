@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from thundersync_jax.models import moe
+from thundersync_jax.models import lora, moe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_models import GLM, QWEN, random_model  # noqa: E402  (tiny random MoE models)
@@ -125,3 +125,24 @@ def test_routing_disagreement_counts_sets():
     valid = jnp.array([[True, False], [True, True]])
     differ, total = moe.routing_disagreement(own, given, valid)
     assert (float(differ), float(total)) == (0.0, 3.0)
+
+
+@pytest.mark.parametrize("cfg", [QWEN, GLM], ids=["qwen3_moe", "glm4_moe_lite"])
+def test_lora_adapts_each_routed_expert_separately(cfg):
+    model = random_model(cfg)
+    _, params = nnx.split(model, nnx.Param)
+    adapters = lora.init(params, rank=2, alpha=4.0, key=jax.random.key(1))
+    lay = dict(adapters.layouts)
+    e, d, f = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.expert_size
+    assert adapters.weights["layers/1/mlp/experts/gate_proj"]["a"].shape == (e, d, 2)
+    assert adapters.weights["layers/1/mlp/experts/down_proj"]["b"].shape == (e, 2, d)
+    assert lay["layers/1/mlp/experts/up_proj"].in_axes == (1,)
+    assert "layers/1/mlp/gate/kernel" not in lay  # the router is not a LoRA target
+    # Expert 3's delta is its own A_3 @ B_3 (float64 reference), no other expert's.
+    w = adapters.weights["layers/1/mlp/experts/up_proj"]
+    rng = np.random.default_rng(0)
+    w["b"] = jnp.asarray(rng.standard_normal(w["b"].shape), jnp.float32)
+    got = np.asarray(lora.delta(adapters, "layers/1/mlp/experts/up_proj"))
+    a, b = np.asarray(w["a"], np.float64), np.asarray(w["b"], np.float64)
+    assert got.shape == (e, d, f)
+    np.testing.assert_allclose(got[3], adapters.scale * a[3] @ b[3], rtol=1e-5, atol=1e-6)
