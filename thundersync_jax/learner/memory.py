@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from thundersync_jax.learner import buckets
-from thundersync_jax.models import qwen3, sharding
+from thundersync_jax.models import auto, lora, sharding
 from thundersync_jax.schedule import config_check, schedules
 
 GB = 1e9
@@ -148,14 +148,22 @@ def _dtype_bytes(name: str) -> int:
     return jnp.dtype(name).itemsize
 
 
-def abstract_params(model_config: Any, num_layers: int | None = None) -> Any:
-    """Param shapes (`jax.ShapeDtypeStruct`s in an nnx.State) of the configured Qwen3."""
-    cfg = qwen3.Qwen3Config.from_config_dict(model_config)
-    if num_layers is not None:
-        cfg = dataclasses.replace(cfg, num_hidden_layers=num_layers)
+def abstract_params(model_config: Any, pattern: tuple[bool, ...] | None = None) -> Any:
+    """Param shapes (`jax.ShapeDtypeStruct`s in an nnx.State) of the configured model; with
+    `pattern`, of a model with those layers only (True = a sparse MoE layer)."""
+    cfg = auto.config_from_section(model_config)
+    if pattern is not None:
+        cfg = auto.with_layer_pattern(cfg, pattern)
     dtype = jnp.dtype(model_config.param_dtype)
-    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: auto.build(cfg, param_dtype=dtype))
     return nnx.split(model, nnx.Param)[1]
+
+
+def layer_kinds(model_config: Any) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """(one layer of each kind, how many layers of that kind): dense (False), sparse (True)."""
+    pattern = auto.layer_pattern(auto.config_from_section(model_config))
+    kinds = tuple(sorted(set(pattern)))
+    return kinds, tuple(pattern.count(k) for k in kinds)
 
 
 def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
@@ -168,10 +176,11 @@ def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
 
 def param_shard_elements(config: Any) -> tuple[int, int, int]:
     """(total params, params per device, targeted-by-LoRA params per device) under the rules."""
-    # Decoder layers are identical, so one layer's shapes stand for all of them: tracing the
-    # init of a 64-layer model costs seconds to minutes, one layer costs milliseconds.
-    layers = int(config.model.num_hidden_layers)
-    abstract = abstract_params(config.model, num_layers=1)
+    # Decoder layers of one kind (dense, or MoE) are identical, so one layer of each kind
+    # stands for all of them: tracing the init of a 64-layer model costs seconds to minutes,
+    # one layer costs milliseconds.
+    kinds, counts = layer_kinds(config.model)
+    abstract = abstract_params(config.model, kinds)
     mesh_shape = {"fsdp": int(config.mesh.fsdp), "tp": int(config.mesh.tp)}
     # The specs only need the axis sizes, so no devices are required.
     mesh = types.SimpleNamespace(shape=mesh_shape)
@@ -182,7 +191,7 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
     flat_params = jax.tree_util.tree_leaves_with_path(abstract)
     for (keypath, leaf), spec in zip(flat_params, flat_specs, strict=True):
         path = [str(getattr(k, "key", getattr(k, "name", k))) for k in keypath]
-        copies = layers if path[0] == "layers" else 1
+        copies = counts[int(path[1])] if path[0] == "layers" else 1
         size = math.prod(leaf.shape) * copies
         local = size // _shard_ways(spec, mesh_shape)
         total += size
@@ -193,7 +202,17 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
 
 
 def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters: rank · (in + out) per targeted weight per layer."""
+    """Adapter parameters: rank · (in + out) per targeted weight per layer (and per expert)."""
+    if model_config.get("model_type", "qwen3") not in ("qwen3", "qwen2"):
+        kinds, counts = layer_kinds(model_config)
+        total = 0
+        for path, lay in lora.find_layouts(abstract_params(model_config, kinds), targets):
+            parts = path.split("/")
+            copies = counts[int(parts[1])] if parts[0] == "layers" else 1
+            total += (
+                copies * math.prod(lay.batch_shape) * rank * (lay.in_features + lay.out_features)
+            )
+        return total
     d, f = model_config.hidden_size, model_config.intermediate_size
     q = model_config.num_attention_heads * model_config.head_dim
     kv = model_config.num_key_value_heads * model_config.head_dim
@@ -209,33 +228,53 @@ def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
     return model_config.num_hidden_layers * rank * sum(sizes[t] for t in targets)
 
 
+def _layer_dims(model_config: Any) -> tuple[int, int, int, int, list[float]]:
+    """(query heads, key/value heads, q/k head width, value head width, per-layer token width
+    of the feed-forward activations). MLA expands keys and values for every head; a MoE
+    layer's width is its active one (top-k experts + shared experts), plus its k gathered
+    copies of the token and of the expert outputs (2·k·D)."""
+    cfg = auto.config_from_section(model_config)
+    if cfg.model_type == "glm4_moe_lite":
+        n = kv = cfg.num_attention_heads
+        qk, v = cfg.qk_head_dim, cfg.v_head_dim
+    else:
+        n, kv, qk = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        v = qk
+    widths = []
+    for sparse in auto.layer_pattern(cfg):
+        if not sparse:
+            widths.append(4.0 * cfg.intermediate_size)
+            continue
+        spec = cfg.moe
+        widths.append(
+            4.0 * (spec.top_k * spec.expert_size + spec.shared_size)
+            + 2.0 * spec.top_k * cfg.hidden_size
+        )
+    return n, kv, qk, v, widths
+
+
 def activation_bytes(model_config: Any, rows: int, tokens: int, tp: int, remat: bool) -> int:
     """Estimated working set of one chunk's forward + backward on one device.
 
     Per layer it keeps the residual and two norm outputs (3·D), q/k/v before and after
     norm+RoPE (3·(N+2K)·H / tp), the attention output (N·H / tp), the MLP's gate, up, silu and
-    product (4·F / tp), all in the compute dtype, plus materialized scores (float32) and
-    probabilities for N heads over [T, T] (/ tp) and the boolean mask. The LM head adds float32
-    logits, log-softmax and their gradient (3·V / tp). With remat only each layer's input is
-    kept, and one layer's working set is rebuilt at a time (counted twice: values and grads).
+    product (4·F / tp; MoE layers: the active experts' and the routed copies, `_layer_dims`),
+    all in the compute dtype, plus materialized scores (float32) and probabilities for N heads
+    over [T, T] (/ tp) and the boolean mask. The LM head adds float32 logits, log-softmax and
+    their gradient (3·V / tp). With remat only each layer's input is kept, and one layer's
+    working set is rebuilt at a time (counted twice: values and grads).
     """
     m = model_config
     a = _dtype_bytes(m.dtype)
-    n, k, h, d, f = (
-        m.num_attention_heads,
-        m.num_key_value_heads,
-        m.head_dim,
-        m.hidden_size,
-        m.intermediate_size,
-    )
+    n, k, h, v, widths = _layer_dims(m)
+    d = m.hidden_size
     bt = rows * tokens
-    per_token = (3 * d + (3 * (n + 2 * k) * h + n * h + 4 * f) / tp) * a
     attention = rows * tokens * tokens * (n * (_F32 + a) / tp + 1)
-    layer = bt * per_token + attention
+    layers = [bt * (3 * d + (3 * (n + 2 * k) * h + n * v + f) / tp) * a + attention for f in widths]
     logits = 3 * bt * m.vocab_size * _F32 / tp
     if remat:
-        return int(m.num_hidden_layers * bt * d * a + 2 * layer + logits)
-    return int(m.num_hidden_layers * layer + logits)
+        return int(len(widths) * bt * d * a + 2 * max(layers) + logits)
+    return int(sum(layers) + logits)
 
 
 def open_groups_kept(config: Any) -> int:
@@ -257,9 +296,14 @@ def open_trajectories_on_device(config: Any) -> int:
 
 
 def segment_cache_bytes(model_config: Any, capacity: int) -> int:
-    """One open trajectory: K, V in the compute dtype and dK, dV in float32, [L, S, K, H] each."""
+    """One open trajectory: K, V in the compute dtype and dK, dV in float32, [L, S, K, H] each
+    (MLA: the compressed cache, latent + rope key per token and layer)."""
     m = model_config
-    per_slot = m.num_hidden_layers * m.num_key_value_heads * m.head_dim
+    cfg = auto.config_from_section(m)
+    if cfg.model_type == "glm4_moe_lite":
+        per_slot = cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) / 2
+    else:
+        per_slot = cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
     return int(capacity * per_slot * 2 * (_dtype_bytes(m.dtype) + _F32))
 
 

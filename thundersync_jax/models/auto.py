@@ -133,3 +133,25 @@ def load_sharded_params(path: str, cfg, shardings: Any, param_dtype) -> Any:
 def save_pretrained(model: nnx.Module, path: str) -> None:
     """config.json + model.safetensors that transformers' AutoModelForCausalLM loads."""
     hf_table.save(path, to_hf_state_dict(model, model.cfg), model.cfg.to_hf())
+
+
+def layer_pattern(cfg) -> tuple[bool, ...]:
+    """Per decoder layer: True where its feed-forward block is a sparse MoE block."""
+    return tuple(getattr(cfg, "sparse_layers", (False,) * cfg.num_hidden_layers))
+
+
+def with_layer_pattern(cfg, pattern: tuple[bool, ...]):
+    """`cfg` with len(pattern) layers, layer i sparse iff pattern[i] (a dense config: all
+    False). Lets a planner trace one layer of each kind instead of the whole depth."""
+    n = len(pattern)
+    if cfg.model_type == "qwen3_moe":
+        dense = tuple(i for i, s in enumerate(pattern) if not s)
+        return dataclasses.replace(
+            cfg, num_hidden_layers=n, mlp_only_layers=dense, decoder_sparse_step=1
+        )
+    if cfg.model_type == "glm4_moe_lite":
+        types = tuple("sparse" if s else "dense" for s in pattern)
+        return dataclasses.replace(cfg, num_hidden_layers=n, mlp_layer_types=types)
+    if any(pattern):
+        raise ValueError(f"{cfg.model_type} has no sparse layers")
+    return dataclasses.replace(cfg, num_hidden_layers=n)
