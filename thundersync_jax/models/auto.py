@@ -26,7 +26,6 @@ class Family:
     module_cls: type
     table: Callable[[Any], list]
     init_cache: Callable[..., qwen3.KVCache]
-    is_moe: bool
 
 
 def _qwen3_table(cfg) -> list[hf_table.Entry]:
@@ -36,21 +35,19 @@ def _qwen3_table(cfg) -> list[hf_table.Entry]:
 
 
 FAMILIES: dict[str, Family] = {
-    "qwen3": Family(qwen3.Qwen3Config, qwen3.Qwen3, _qwen3_table, qwen3.init_cache, False),
-    "qwen2": Family(qwen3.Qwen3Config, qwen3.Qwen3, _qwen3_table, qwen3.init_cache, False),
+    "qwen3": Family(qwen3.Qwen3Config, qwen3.Qwen3, _qwen3_table, qwen3.init_cache),
+    "qwen2": Family(qwen3.Qwen3Config, qwen3.Qwen3, _qwen3_table, qwen3.init_cache),
     "qwen3_moe": Family(
         qwen3_moe.Qwen3MoeConfig,
         qwen3_moe.Qwen3Moe,
         qwen3_moe.tensor_table,
         qwen3_moe.init_cache,
-        True,
     ),
     "glm4_moe_lite": Family(
         glm4_moe_lite.Glm4MoeLiteConfig,
         glm4_moe_lite.Glm4MoeLite,
         glm4_moe_lite.tensor_table,
         glm4_moe_lite.init_cache,
-        True,
     ),
 }
 
