@@ -100,8 +100,8 @@ def parity_errors() -> dict:
             cfg, attn_implementation="eager", experts_implementation="eager"
         ).eval()
         with torch.no_grad():
-            for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
-                if p.is_floating_point() and "inv_freq" not in name:  # not RoPE's table
+            for tensor_name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
+                if p.is_floating_point() and "inv_freq" not in tensor_name:  # not RoPE's
                     p.normal_(0.0, 0.2)
         ids = np.random.default_rng(1).integers(0, 67, (2, 13))
         with torch.no_grad():
