@@ -59,3 +59,22 @@ def test_replay_and_recompute_and_disagreement(cfg):
     assert (float(gap_rec["route_differ"]), float(gap_rec["route_sets"])) == (1.0, sets)
     assert _max_diff(h_rec, plain) < 1e-6  # recompute ignores the given routes
     assert _max_diff(h_rep, plain) > 1e-4  # replay used them
+
+
+def test_adamw_weight_decay_leaves_the_router_correction_bias_alone():
+    """A zero gradient with weight decay: every param shrinks except the correction bias."""
+    import ml_collections
+
+    from thundersync_jax.learner import train_state
+
+    cfg = ml_collections.ConfigDict(
+        dict(name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.5, max_grad_norm=0.0)
+    )
+    model = random_model(GLM, seed=1)
+    _, params = nnx.split(model, nnx.Param)
+    opt = train_state.make_optimizer(cfg)
+    zeros = jax.tree.map(np.zeros_like, params)
+    updates, _ = opt.update(zeros, opt.init(params), params)
+    gate = nnx.to_pure_dict(updates)["layers"][1]["mlp"]["gate"]
+    assert np.abs(np.asarray(gate["e_score_correction_bias"])).max() == 0
+    assert np.abs(np.asarray(gate["kernel"])).max() > 0  # decayed
