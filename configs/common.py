@@ -39,6 +39,7 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
             attention_impl="auto",
             attention_block=512,  # blockwise query/key tile
             logits_tile=1024,  # tokens per LM-head tile for log-probs (0 = whole [T, V])
+            routing="replay",  # MoE: replay the engine's experts per token, or "recompute"
         )
     )
 

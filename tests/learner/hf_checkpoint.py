@@ -41,9 +41,42 @@ CORPUS = [
 ] * 20
 
 
-def make_user_checkpoint(path: str, vocab_size: int = 512) -> None:
-    """Writes a tiny random Qwen3 + BPE tokenizer with a chat template to `path`."""
+# Tiny mixture-of-experts variants (`arch`): transformers' own classes and sizes.
+MOE_ARCHS = {
+    "qwen3_moe": dict(
+        cls="Qwen3MoeConfig",
+        num_experts=5,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        norm_topk_prob=True,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
+    "glm4_moe_lite": dict(
+        cls="Glm4MoeLiteConfig",
+        n_routed_experts=6,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        moe_intermediate_size=24,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=1.8,
+    ),
+}
+
+
+def make_user_checkpoint(path: str, vocab_size: int = 512, arch: str = "qwen3") -> None:
+    """Writes a tiny random Qwen3 (or `arch` in MOE_ARCHS) + BPE tokenizer with a chat template
+    to `path`."""
     import torch
+    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -65,20 +98,23 @@ def make_user_checkpoint(path: str, vocab_size: int = 512) -> None:
     )
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(path)
-    config = Qwen3Config(
+    common = dict(
         vocab_size=vocab_size,  # a few unused rows past the tokenizer, as real checkpoints have
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         tie_word_embeddings=False,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         max_position_embeddings=4096,
     )
     torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(path)
+    if arch == "qwen3":
+        config = Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **common)
+        Qwen3ForCausalLM(config).save_pretrained(path)
+    else:
+        extra = dict(MOE_ARCHS[arch])
+        config = getattr(transformers, extra.pop("cls"))(**common, **extra)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     with open(f"{path}/config.json") as f:
-        assert json.load(f)["model_type"] == "qwen3"
+        assert json.load(f)["model_type"] == arch

@@ -35,6 +35,7 @@ def score_grad_fn(setup: LearnerSetup) -> chunks.ScoreGradFn:
         out_shardings=setup.grad_shardings,
         rows=setup.rows,
         tis_cap=tis_cap(c),
+        routing=str(c.model.routing),
     )
 
 

@@ -91,6 +91,22 @@ def engine_logprob_rows(trajectories: Sequence[Any], width: int) -> np.ndarray:
     return rows
 
 
+def route_rows(trajectories: Sequence[Any], width: int) -> np.ndarray | None:
+    """[m, width, M, K] the engine's routes of each trajectory's tokens (MoE policies), -1
+    where a payload carries none; None when no trajectory has routes."""
+    given = [getattr(t, "routes", None) for t in trajectories]
+    shapes = {r.shape[1:] for r in given if r is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"trajectories carry routes of different [M, K] shapes: {shapes}")
+    rows = np.full((len(trajectories), width, *shapes.pop()), -1, np.int32)
+    for row, r in enumerate(given):
+        if r is not None:
+            rows[row, : len(r)] = r
+    return rows
+
+
 def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearner:
     """The GRPO `BatchLearner` over accumulator `acc` and score-gradient function `score_fn`.
 
@@ -124,8 +140,9 @@ def batch_learner(acc, score_fn, pad_id: int, regularizer_fn=None) -> BatchLearn
                 failures.append(f"{item.item_id}: reward {item.reward} ({failure})")
         tokens, mask, weights, n = pack_rows(trajs, loss_weight, pad_id)
         engine_lp = engine_logprob_rows(trajs, tokens.shape[1])
+        routes = route_rows(trajs, tokens.shape[1])
         h, _, gap = score_fn.score_and_gap(
-            p.params, tokens, mask, weights, engine_lp, base_params=p.base_params
+            p.params, tokens, mask, weights, engine_lp, base_params=p.base_params, routes=routes
         )
         head = chunk[0]
         acc_state = add(state.acc, head.group, head.reward, h, n, len(chunk))

@@ -28,6 +28,7 @@ from thundersync_jax.envs.trajectory import (
     Trajectory,
     Turn,
     TurnKey,
+    route_array,
 )
 from thundersync_jax.envs.transcript import Transcript
 from thundersync_jax.models.tokenizer import Tokenizer
@@ -94,6 +95,7 @@ def _snapshot(
         turns=list(turns),
         stop_reason=stop_reason,
         start_time=start.start_time,
+        routes=route_array(turns, len(tokens)),
     )
 
 
@@ -130,6 +132,7 @@ def _sample_turn(
         sample_start=sample_start,
         sample_end=sample_end,
         context_len=len(transcript.tokens) - turn_start - len(sample.tokens),
+        routes=sample.routes,
     )
 
 

@@ -173,4 +173,6 @@ class EngineSampler:
         res = results[0]
         if res.error is not None:
             raise RuntimeError(f"engine failed request {request_id}: {res.error}")
-        return Sample(list(res.tokens), list(res.logprobs), res.finish_reason, res.policy_version)
+        return Sample(
+            list(res.tokens), list(res.logprobs), res.finish_reason, res.policy_version, res.routes
+        )

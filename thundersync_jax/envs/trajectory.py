@@ -31,12 +31,17 @@ class TurnKey(NamedTuple):
 
 
 class Sample(NamedTuple):
-    """One sampled assistant turn. `tokens` include the stop token when one was hit."""
+    """One sampled assistant turn. `tokens` include the stop token when one was hit.
+
+    `routes` (MoE policies, engines that report them): int [len(prompt) + len(tokens) - 1,
+    M, K], the experts every fed token was routed to (`protocol.GenerateResult.routes`).
+    """
 
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     policy_version: int
+    routes: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -139,6 +144,7 @@ class Turn:
     context_len: int = 0
     tool_start: float | None = None
     tool_end: float | None = None
+    routes: np.ndarray | None = None  # the sample's routes (see `Sample`), None if none
 
     @property
     def end(self) -> int:
@@ -164,6 +170,10 @@ class Trajectory:
         `LoopLimits.max_error_turns`), or "" while running.
       reward / verifier: from `env.verify()`; None while running.
       start_time / end_time / verify_start / verify_end: `time.monotonic()` stamps.
+      routes: MoE policies: int32 [T, M, K], the experts the engine routed token t to in
+        each MoE layer (from the latest turn's request, which covers every earlier token);
+        -1 where the engine reported none (tokens after the last sampled one). None: no
+        routes at all (a dense policy or an engine that does not report them).
     """
 
     ids: EpisodeIds
@@ -180,6 +190,7 @@ class Trajectory:
     end_time: float | None = None
     verify_start: float | None = None
     verify_end: float | None = None
+    routes: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -203,3 +214,14 @@ class Trajectory:
         mask = np.zeros_like(self.loss_mask)
         mask[self.turns[j].start : self.turns[j].end] = True
         return mask
+
+
+def route_array(turns: Sequence[Turn], num_tokens: int) -> np.ndarray | None:
+    """[num_tokens, M, K] int32 routes of the latest turn that has some, -1 past them."""
+    latest = next((t.routes for t in reversed(turns) if t.routes is not None), None)
+    if latest is None:
+        return None
+    latest = np.asarray(latest, np.int32)[:num_tokens]
+    out = np.full((num_tokens, *latest.shape[1:]), -1, np.int32)
+    out[: len(latest)] = latest
+    return out

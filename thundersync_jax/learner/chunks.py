@@ -25,7 +25,7 @@ from jaxtyping import Array, Float, Int
 
 from thundersync_jax.learner import buckets
 from thundersync_jax.losses import logprob_gap
-from thundersync_jax.models import lora
+from thundersync_jax.models import lora, moe
 
 
 def _weighted_logprob_sum(
@@ -36,18 +36,36 @@ def _weighted_logprob_sum(
     temperature: float = 1.0,
     engine_logprobs: Float[Array, "B T"] | None = None,
     tis_cap: float = 0.0,
+    routes: Int[Array, "B T M K"] | None = None,
+    replay: bool = True,
 ) -> tuple[Float[Array, ""], dict]:
     """(Σ w·m·log π(tokens[:, t] | tokens[:, <t]), engine gap sums); position 0 is never scored.
 
     With `engine_logprobs` the same forward also gives the engine/learner gap sums and, with
     `tis_cap` > 0, each token's truncated importance weight (`losses.logprob_gap.policy_objective`).
+    With `routes` (a MoE policy; -1 = none reported) the forward replays them when `replay`
+    (else routes by itself) and the sums also count the token x layer top-k sets where the
+    learner's own router disagrees with them (`route_differ` of `route_sets`).
     """
-    hidden, _ = model.hidden_states(tokens[:, :-1])  # [B, T-1, D]: t-1 predicts t
+    if routes is None:
+        hidden, _ = model.hidden_states(tokens[:, :-1])  # [B, T-1, D]: t-1 predicts t
+        route_sums = {}
+    else:
+        given = routes[:, :-1]  # [B, T-1, M, K]
+        hidden, _, own = model.hidden_states(
+            tokens[:, :-1], routes=given if replay else None, return_routes=True
+        )
+        differ, sets = moe.routing_disagreement(own, given, jnp.all(given >= 0, axis=-1))
+        route_sums = {"route_differ": differ, "route_sets": sets}
     logp, _ = model.token_terms(hidden, tokens[:, 1:], temperature)  # [B, T-1] float32
     engine = None if engine_logprobs is None else engine_logprobs[:, 1:]
-    return logprob_gap.policy_objective(
+    total, gap = logprob_gap.policy_objective(
         logp, loss_mask[:, 1:], token_weights[:, 1:], engine, tis_cap
     )
+    return total, {**gap, **route_sums}
+
+
+ROUTING_MODES = ("replay", "recompute")
 
 
 def tempered(logits: Float[Array, "B T V"], temperature: float) -> Float[Array, "B T V"]:
@@ -74,6 +92,7 @@ class ScoreGradFn:
       lora: whether the trainable parameters are LoRA adapters over frozen base params.
       temperature: the rollout sampling temperature the log-probs are taken at.
       tis_cap: > 0 weights each token by min(π_learner / π_engine, tis_cap) (`score_and_gap`).
+      routing: MoE policies: "replay" the engine's routes in the forward, or "recompute".
       compiles: number of compilations so far (one per distinct padded shape / tree layout).
     """
 
@@ -88,7 +107,11 @@ class ScoreGradFn:
         temperature: float = 1.0,
         rows: Any = None,
         tis_cap: float = 0.0,
+        routing: str = "replay",
     ):
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"model.routing={routing!r}; valid: {ROUTING_MODES}")
+        self.routing = routing
         self.graphdef = graphdef
         self.tis_cap = float(tis_cap)
         self.rows = rows
@@ -118,7 +141,9 @@ class ScoreGradFn:
             model.remat = True  # the model wraps each decoder layer in nnx.remat
         return model
 
-    def _score_grad(self, params, base_params, tokens, loss_mask, token_weights, engine_lp=None):
+    def _score_grad(
+        self, params, base_params, tokens, loss_mask, token_weights, engine_lp=None, routes=None
+    ):
         # Runs once per trace, i.e. once per compilation of this jitted function. The calls
         # always pass engine_lp (NaN where none); None (tracing by hand) gives no gap sums.
         self.compiles += 1
@@ -126,7 +151,15 @@ class ScoreGradFn:
         def objective(trainable):
             model = self._model(trainable, base_params)
             return _weighted_logprob_sum(
-                model, tokens, loss_mask, token_weights, self.temperature, engine_lp, self.tis_cap
+                model,
+                tokens,
+                loss_mask,
+                token_weights,
+                self.temperature,
+                engine_lp,
+                self.tis_cap,
+                routes,
+                self.routing == "replay",
             )
 
         grads, gap = jax.grad(objective, has_aux=True)(params)
@@ -190,6 +223,7 @@ class ScoreGradFn:
         token_weights: Float[Array, "B T"] | np.ndarray | None,
         engine_logprobs: Float[Array, "B T"] | np.ndarray | None,
         base_params: Any = None,
+        routes: np.ndarray | None = None,
     ) -> tuple[Any, int, dict]:
         """(h, n, gap): `__call__` given the engine's log-probs of the chunk's tokens.
 
@@ -198,12 +232,26 @@ class ScoreGradFn:
         h, `gap` holds the chunk's engine/learner gap sums (`losses.logprob_gap.gap_sums`:
         device scalars), and with `tis_cap` > 0 every scored token's term is weighted by
         min(π_learner / π_engine, tis_cap), detached: h = Σ w·m·ρ·∇ log π.
+        `routes` [B, T, M, K] (MoE policies; -1 = none) are the engine's experts per token:
+        replayed under `routing="replay"`, and compared with the learner's own (`gap`'s
+        `route_differ` / `route_sets`).
         """
         if self.lora and base_params is None:
             raise ValueError("a LoRA score-gradient function needs base_params (the frozen model)")
         arrays, n = self._padded(tokens, loss_mask, token_weights, engine_logprobs)
+        if routes is not None:
+            arrays = (*arrays, self._padded_routes(routes, arrays[0].shape))
         h, gap = self._jitted(params, base_params, *arrays)
         return h, n, gap
+
+    def _padded_routes(self, routes: np.ndarray, shape: tuple[int, ...]) -> Any:
+        """Routes padded with -1 (none: the learner routes those tokens itself) to `shape`."""
+        routes = np.asarray(routes, np.int32)
+        pad = [(0, p - n) for p, n in zip(shape, routes.shape[:2], strict=True)]
+        routes = np.pad(routes, pad + [(0, 0), (0, 0)], constant_values=-1)
+        if self.rows is not None:
+            return jax.device_put(routes, self.rows)
+        return routes
 
 
 def place_rows(arrays: Sequence[np.ndarray], rows: Any) -> tuple[jax.Array, ...]:
@@ -231,6 +279,7 @@ def make_score_grad_fn(
     temperature: float = 1.0,
     rows: Any = None,
     tis_cap: float = 0.0,
+    routing: str = "replay",
 ) -> ScoreGradFn:
     """Builds the jitted score-gradient function for a model structure (`nnx.split` graphdef).
 
@@ -248,11 +297,21 @@ def make_score_grad_fn(
       rows: optional NamedSharding for the chunk's rows (`learner.mesh.batch_sharding`):
         rows are split over "fsdp" (padded with zero rows to a multiple of its size).
       tis_cap: > 0 applies the truncated importance weight in `score_and_gap` (0 = off).
+      routing: MoE policies: "replay" (use the engine's routes) or "recompute".
 
     Returns:
       fn(params, tokens, loss_mask, token_weights=None, base_params=None) -> (h, n), with
       `fn.compiles` counting compilations.
     """
     return ScoreGradFn(
-        graphdef, seq_buckets, remat, lora, pad_id, out_shardings, temperature, rows, tis_cap
+        graphdef,
+        seq_buckets,
+        remat,
+        lora,
+        pad_id,
+        out_shardings,
+        temperature,
+        rows,
+        tis_cap,
+        routing,
     )

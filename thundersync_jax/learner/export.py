@@ -16,7 +16,7 @@ from typing import Any
 
 from flax import nnx
 
-from thundersync_jax.models import qwen3, tokenizer
+from thundersync_jax.models import auto, hf_table, tokenizer
 
 GENERATION_CONFIG = "generation_config.json"
 BYTE_TOKENIZER_NOTE = "byte_tokenizer.json"
@@ -38,8 +38,8 @@ def export_policy(graphdef: nnx.GraphDef, params: Any, path: str, tok: Any) -> s
     Sharded params are gathered to the host one tensor at a time.
     """
     model = nnx.merge(graphdef, params)
-    qwen3.save_pretrained(model, path)
-    config_path = os.path.join(path, qwen3._hf_io.CONFIG_FILE)
+    auto.save_pretrained(model, path)
+    config_path = os.path.join(path, hf_table.CONFIG_FILE)
     with open(config_path) as f:
         hf_config = json.load(f)
     hf_config.update(_token_ids(tok, all_stops=False))

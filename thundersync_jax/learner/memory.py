@@ -44,7 +44,7 @@ from flax import nnx
 from thundersync_jax import accumulators
 from thundersync_jax.learner import buckets
 from thundersync_jax.learner.activations import activation_bytes, layer_inputs_bytes
-from thundersync_jax.models import qwen3, sharding
+from thundersync_jax.models import auto, lora, sharding
 from thundersync_jax.schedule import schedules
 
 GB = 1e9
@@ -155,14 +155,22 @@ def _dtype_bytes(name: str) -> int:
     return jnp.dtype(name).itemsize
 
 
-def abstract_params(model_config: Any, num_layers: int | None = None) -> Any:
-    """Param shapes (`jax.ShapeDtypeStruct`s in an nnx.State) of the configured Qwen3."""
-    cfg = qwen3.Qwen3Config.from_config_dict(model_config)
-    if num_layers is not None:
-        cfg = dataclasses.replace(cfg, num_hidden_layers=num_layers)
+def abstract_params(model_config: Any, pattern: tuple[bool, ...] | None = None) -> Any:
+    """Param shapes (`jax.ShapeDtypeStruct`s in an nnx.State) of the configured model; with
+    `pattern`, of a model with those layers only (True = a sparse MoE layer)."""
+    cfg = auto.config_from_section(model_config)
+    if pattern is not None:
+        cfg = auto.with_layer_pattern(cfg, pattern)
     dtype = jnp.dtype(model_config.param_dtype)
-    model = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: auto.build(cfg, param_dtype=dtype))
     return nnx.split(model, nnx.Param)[1]
+
+
+def layer_kinds(model_config: Any) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """(one layer of each kind, how many layers of that kind): dense (False), sparse (True)."""
+    pattern = auto.layer_pattern(auto.config_from_section(model_config))
+    kinds = tuple(sorted(set(pattern)))
+    return kinds, tuple(pattern.count(k) for k in kinds)
 
 
 def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
@@ -175,10 +183,11 @@ def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
 
 def param_shard_elements(config: Any) -> tuple[int, int, int]:
     """(total params, params per device, targeted-by-LoRA params per device) under the rules."""
-    # Decoder layers are identical, so one layer's shapes stand for all of them: tracing the
-    # init of a 64-layer model costs seconds to minutes, one layer costs milliseconds.
-    layers = int(config.model.num_hidden_layers)
-    abstract = abstract_params(config.model, num_layers=1)
+    # Decoder layers of one kind (dense, or MoE) are identical, so one layer of each kind
+    # stands for all of them: tracing the init of a 64-layer model costs seconds to minutes,
+    # one layer costs milliseconds.
+    kinds, counts = layer_kinds(config.model)
+    abstract = abstract_params(config.model, kinds)
     mesh_shape = {"fsdp": int(config.mesh.fsdp), "tp": int(config.mesh.tp)}
     # The specs only need the axis sizes, so no devices are required.
     mesh = types.SimpleNamespace(shape=mesh_shape)
@@ -189,7 +198,7 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
     flat_params = jax.tree_util.tree_leaves_with_path(abstract)
     for (keypath, leaf), spec in zip(flat_params, flat_specs, strict=True):
         path = [str(getattr(k, "key", getattr(k, "name", k))) for k in keypath]
-        copies = layers if path[0] == "layers" else 1
+        copies = counts[int(path[1])] if path[0] == "layers" else 1
         size = math.prod(leaf.shape) * copies
         local = size // _shard_ways(spec, mesh_shape)
         total += size
@@ -200,7 +209,17 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
 
 
 def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
-    """Adapter parameters: rank · (in + out) per targeted weight per layer."""
+    """Adapter parameters: rank · (in + out) per targeted weight per layer (and per expert)."""
+    if model_config.get("model_type", "qwen3") not in ("qwen3", "qwen2"):
+        kinds, counts = layer_kinds(model_config)
+        total = 0
+        for path, lay in lora.find_layouts(abstract_params(model_config, kinds), targets):
+            parts = path.split("/")
+            copies = counts[int(parts[1])] if parts[0] == "layers" else 1
+            total += (
+                copies * math.prod(lay.batch_shape) * rank * (lay.in_features + lay.out_features)
+            )
+        return total
     d, f = model_config.hidden_size, model_config.intermediate_size
     q = model_config.num_attention_heads * model_config.head_dim
     kv = model_config.num_key_value_heads * model_config.head_dim
@@ -235,9 +254,14 @@ def open_trajectories_on_device(config: Any) -> int:
 
 
 def segment_cache_bytes(model_config: Any, capacity: int) -> int:
-    """One open trajectory: K, V in the compute dtype and dK, dV in float32, [L, S, K, H] each."""
+    """One open trajectory: K, V in the compute dtype and dK, dV in float32, [L, S, K, H] each
+    (MLA: the compressed cache, latent + rope key per token and layer)."""
     m = model_config
-    per_slot = m.num_hidden_layers * m.num_key_value_heads * m.head_dim
+    cfg = auto.config_from_section(m)
+    if cfg.model_type == "glm4_moe_lite":
+        per_slot = cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) / 2
+    else:
+        per_slot = cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
     return int(capacity * per_slot * 2 * (_dtype_bytes(m.dtype) + _F32))
 
 

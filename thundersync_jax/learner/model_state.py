@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -29,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding
 from thundersync_jax.learner import lora_policy
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
-from thundersync_jax.models import qwen3, sharding
+from thundersync_jax.models import auto, sharding
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class LearnerModel:
     """
 
     mesh: Mesh
-    model_cfg: qwen3.Qwen3Config
+    model_cfg: Any
     graphdef: nnx.GraphDef
     params: Any
     param_shardings: Any
@@ -66,13 +67,17 @@ class LearnerModel:
     resumed: bool
 
 
-def model_config(config: Any) -> qwen3.Qwen3Config:
-    """The run's architecture: the checkpoint's config.json, else the `model` section."""
+def model_config(config: Any) -> Any:
+    """The run's architecture: the checkpoint's config.json, else the `model` section
+    (any `models.auto` family: dense Qwen3/Qwen2, Qwen3-MoE, GLM-4.7-Flash)."""
     path = str(config.model.get("checkpoint", "") or "")
     if not path:
-        return qwen3.Qwen3Config.from_config_dict(config.model)
-    cfg = qwen3.read_config(path)
-    section = qwen3.Qwen3Config.from_config_dict(config.model)
+        return auto.config_from_section(config.model)
+    cfg = auto.read_config(path)
+    section = auto.config_from_section(config.model)
+    if type(section) is not type(cfg):
+        log.info("architecture from %s/config.json: %s", path, cfg)
+        return cfg
     differ = [
         f"{f.name}={getattr(cfg, f.name)!r} (config says {getattr(section, f.name)!r})"
         for f in dataclasses.fields(cfg)
@@ -84,22 +89,17 @@ def model_config(config: Any) -> qwen3.Qwen3Config:
     return cfg
 
 
-def abstract_model(config: Any, cfg: qwen3.Qwen3Config) -> tuple[nnx.GraphDef, Any]:
+def abstract_model(config: Any, cfg: Any) -> tuple[nnx.GraphDef, Any]:
     """(graphdef, abstract params) in the config's dtypes; nothing is allocated."""
     dtype, param_dtype = jnp.dtype(config.model.dtype), jnp.dtype(config.model.param_dtype)
     m = config.model
-    model = nnx.eval_shape(
-        lambda: qwen3.Qwen3(
-            cfg,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            remat_offload=bool(m.remat_offload),
-            attention_impl=str(m.attention_impl),
-            attention_block=int(m.attention_block),
-            logits_tile=int(m.logits_tile),
-            rngs=nnx.Rngs(0),
-        )
+    options = dict(
+        remat_offload=bool(m.remat_offload),
+        attention_impl=str(m.attention_impl),
+        attention_block=int(m.attention_block),
+        logits_tile=int(m.logits_tile),
     )
+    model = nnx.eval_shape(lambda: auto.build(cfg, dtype=dtype, param_dtype=param_dtype, **options))
     return nnx.split(model, nnx.Param)
 
 
@@ -111,11 +111,11 @@ def _initial_params(config, cfg, graphdef, shardings, warm_model) -> Any:
         return jax.jit(cast, out_shardings=shardings)(nnx.split(warm_model, nnx.Param)[1])
     path = str(config.model.get("checkpoint", "") or "")
     if path:
-        return qwen3.load_sharded_params(path, cfg, shardings, param_dtype)
+        return auto.load_sharded_params(path, cfg, shardings, param_dtype)
     seed, dtype = int(config.seed), jnp.dtype(config.model.dtype)
 
     def init():
-        model = qwen3.Qwen3(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+        model = auto.build(cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
         return nnx.split(model, nnx.Param)[1]
 
     return jax.jit(init, out_shardings=shardings)()
@@ -124,7 +124,8 @@ def _initial_params(config, cfg, graphdef, shardings, warm_model) -> Any:
 def build_learner_model(
     config: Any,
     *,
-    warm_model: qwen3.Qwen3 | None = None,
+    warm_model: nnx.Module | None = None,
+    make_policy: Callable[[Any], Any] | None = None,
     checkpointer: Any = None,
     devices: Any = None,
 ) -> LearnerModel:

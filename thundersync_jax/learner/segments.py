@@ -347,6 +347,11 @@ def make_segment_fns(
         gradients get fixed shardings (`segment_layout.py`).
       grad_shardings: with a mesh, the trainable params' NamedShardings.
     """
+    if not isinstance(cfg, Qwen3Config):
+        raise ValueError(
+            f"segments (OPD at turn granularity) run dense Qwen3/Qwen2 policies only; "
+            f"{cfg.model_type} is not one: use rl.opd_granularity='trajectory'"
+        )
     passes = (seg_buckets, cache_buckets, remat, lora, temperature, cache_dtype, pad_id, tis_cap)
     return SegmentFns(graphdef, cfg, *passes, mesh=mesh, grad_shardings=grad_shardings)
 

@@ -10,7 +10,7 @@ layout, so the model learns exactly the format it will later sample in).
     result.model, result.losses, result.cache_hit
 
 A second call with the same config and data loads `DIR/sft/<name>-<hash>/` (an HF
-safetensors directory written by `qwen3.save_pretrained`) instead of retraining.
+safetensors directory written by `auto.save_pretrained`) instead of retraining.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from thundersync_jax import losses
-from thundersync_jax.models import qwen3
+from thundersync_jax.models import auto
 
 LOG_FILE = "sft_log.json"
 
@@ -59,13 +60,13 @@ class SFTExample:
 class SFTResult:
     """The trained (or loaded) model, its per-step losses, and where it is cached."""
 
-    model: qwen3.Qwen3
+    model: nnx.Module
     losses: list[float]
     cache_hit: bool
     path: str
 
 
-def cache_key(cfg: qwen3.Qwen3Config, examples: Sequence[SFTExample], hparams: dict) -> str:
+def cache_key(cfg: Any, examples: Sequence[SFTExample], hparams: dict) -> str:
     """sha256 over the architecture, the hyperparameters and every example's tokens and mask."""
     h = hashlib.sha256()
     h.update(json.dumps({"model": cfg.to_hf(), "hparams": hparams}, sort_keys=True).encode())
@@ -101,7 +102,7 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> ja
 
 
 def train_sft(
-    cfg: qwen3.Qwen3Config,
+    cfg: Any,
     examples: Sequence[SFTExample],
     *,
     workdir: str,
@@ -140,14 +141,14 @@ def train_sft(
     if os.path.exists(log_path):
         with open(log_path) as f:
             log = json.load(f)
-        return SFTResult(qwen3.from_pretrained(path), log["losses"], True, path)
+        return SFTResult(auto.from_pretrained(path), log["losses"], True, path)
 
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     if init_from:
-        model = qwen3.from_pretrained(init_from)
+        model = auto.from_pretrained(init_from)
     else:
-        model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))
+        model = auto.build(cfg, rngs=nnx.Rngs(seed))
     tokens, mask = pad_examples(examples)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -212,7 +213,7 @@ def train_sft_from_config(
     and `config.seed`, and the architecture from `model_section` (default `config.model`;
     pass e.g. a teacher's model section to warm-start the teacher)."""
     model_section = config.model if model_section is None else model_section
-    cfg = qwen3.Qwen3Config.from_config_dict(model_section)
+    cfg = auto.config_from_section(model_section)
     return train_sft(
         cfg,
         examples,
@@ -227,13 +228,13 @@ def train_sft_from_config(
     )
 
 
-def _save_atomically(model: qwen3.Qwen3, path: str, log: dict) -> None:
+def _save_atomically(model: nnx.Module, path: str, log: dict) -> None:
     """Writes the HF directory next to `path` and renames it, so a crash leaves no half cache."""
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-")
     try:
-        qwen3.save_pretrained(model, tmp)
+        auto.save_pretrained(model, tmp)
         with open(os.path.join(tmp, LOG_FILE), "w") as f:
             json.dump(log, f)
         if os.path.exists(path):  # another process finished the same entry first

@@ -36,6 +36,18 @@ class TrainState(NamedTuple):
     data_position: jax.Array
 
 
+# Params that are constants of the checkpoint, not trained: a MoE router's correction bias only
+# shifts the (discrete) expert choice, so no gradient reaches it; weight decay must not either.
+NOT_DECAYED = ("e_score_correction_bias",)
+
+
+def decayed(params: Any) -> Any:
+    """True for every param leaf weight decay applies to (all but `NOT_DECAYED`)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: not any(n in jax.tree_util.keystr(path) for n in NOT_DECAYED), params
+    )
+
+
 def make_optimizer(cfg) -> optax.GradientTransformation:
     """optax chain from the `optim` config section; clipping acts on the finalized gradient."""
     name = cfg.name
@@ -46,7 +58,12 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     lr = learning_rate_schedule(cfg.learning_rate, cfg.warmup_steps, cfg.decay_steps)
     if name == "adamw":
         opt = optax.adamw(
-            lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mu_dtype=MOMENT_DTYPE
+            lr,
+            b1=cfg.b1,
+            b2=cfg.b2,
+            weight_decay=cfg.weight_decay,
+            mu_dtype=MOMENT_DTYPE,
+            mask=decayed,
         )
     elif name == "adam":
         opt = optax.adam(lr, b1=cfg.b1, b2=cfg.b2, mu_dtype=MOMENT_DTYPE)

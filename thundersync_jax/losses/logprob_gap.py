@@ -93,12 +93,16 @@ class GapTally(NamedTuple):
       abs_sum / kl_sum: Σ |Δ| and Σ k3 over the counted tokens.
       max_abs: the largest |Δ| seen.
       tokens: tokens with an engine log-prob.
+      route_differ / route_sets: MoE policies: token x layer top-k sets where the learner's
+        own router chose other experts than the engine reported, of those compared.
     """
 
     abs_sum: float = 0.0
     kl_sum: float = 0.0
     max_abs: float = 0.0
     tokens: int = 0
+    route_differ: float = 0.0
+    route_sets: float = 0.0
 
     def add(self, sums: dict) -> GapTally:
         """This tally plus one chunk's `gap_sums` (device scalars are read here)."""
@@ -107,19 +111,20 @@ class GapTally(NamedTuple):
             self.kl_sum + float(sums["kl_sum"]),
             max(self.max_abs, float(sums["max_abs"])),
             self.tokens + int(sums["tokens"]),
+            self.route_differ + float(sums.get("route_differ", 0.0)),
+            self.route_sets + float(sums.get("route_sets", 0.0)),
         )
 
     def metrics(self) -> dict[str, float]:
-        """The step's `engine_logprob_gap_*` metrics; {} when no token had an engine log-prob."""
-        if self.tokens == 0:
-            return {}
-        return dict(
-            zip(
-                GAP_KEYS,
-                (self.abs_sum / self.tokens, self.kl_sum / self.tokens, self.max_abs),
-                strict=True,
-            )
-        )
+        """The step's `engine_logprob_gap_*` metrics ({} when no token had an engine log-prob)
+        and, for MoE policies, `routing_disagreement` (fraction of compared top-k sets)."""
+        out = {}
+        if self.tokens:
+            values = (self.abs_sum / self.tokens, self.kl_sum / self.tokens, self.max_abs)
+            out.update(zip(GAP_KEYS, values, strict=True))
+        if self.route_sets:
+            out["routing_disagreement"] = self.route_differ / self.route_sets
+        return out
 
 
 def check_tis_cap(cap) -> float:

@@ -33,7 +33,12 @@ HF_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 # Targets whose output, not input, is the residual stream ("embed" dims are output-side).
 _WRITES_RESIDUAL = frozenset({"o_proj", "down_proj"})
 _RESIDUAL_AXIS = "embed"
-_BATCH_AXIS = "layers"
+# Dims that index independent weights: stacked layers, and a MoE block's routed experts
+# (each expert gets its own adapter pair).
+_BATCH_AXES = ("layers", "expert")
+# A MoE block stores its experts' projections as leaves of `experts` ([E, ...] params named
+# gate_proj / up_proj / down_proj), not as modules holding a `kernel`.
+_EXPERTS = "experts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +131,9 @@ def _layout(path: str, target: str, shape: tuple[int, ...], names) -> Layout:
                 "[in, out] weights can be adapted without names (add nnx.with_partitioning)"
             )
         return Layout(shape, (), (0,), (1,))
-    batch = tuple(i for i, n in enumerate(names) if n == _BATCH_AXIS)
+    batch = tuple(i for i, n in enumerate(names) if n in _BATCH_AXES)
     residual = tuple(i for i, n in enumerate(names) if n == _RESIDUAL_AXIS)
-    other = tuple(i for i, n in enumerate(names) if n not in (_BATCH_AXIS, _RESIDUAL_AXIS))
+    other = tuple(i for i, n in enumerate(names) if n not in _BATCH_AXES and n != _RESIDUAL_AXIS)
     if not residual or not other:
         raise ValueError(
             f"LoRA target {path} has axis names {names}; expected '{_RESIDUAL_AXIS}' dims and "
@@ -147,6 +152,8 @@ def _targeted(path: str, targets: Sequence[str], ndim: int) -> str | None:
     for part in parts[:-1]:
         if part in targets:
             return part
+    if len(parts) > 1 and parts[-2] == _EXPERTS and parts[-1] in targets:
+        return parts[-1]  # a routed expert's projection: per-expert adapters
     return None
 
 

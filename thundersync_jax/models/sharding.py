@@ -19,7 +19,18 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("fsdp", "tp")
-LOGICAL_AXES = ("vocab", "embed", "q_heads", "kv_heads", "head_dim", "mlp", "layers", "norm")
+LOGICAL_AXES = (
+    "vocab",
+    "embed",
+    "q_heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
+    "layers",
+    "norm",
+    "expert",  # routed experts of a MoE block (expert parallelism)
+    "latent",  # MLA's low-rank q / kv bottleneck
+)
 
 # FSDP over the residual width, tensor parallelism over heads / MLP width / vocabulary.
 DEFAULT_RULES: dict[str, str | None] = {
@@ -31,6 +42,8 @@ DEFAULT_RULES: dict[str, str | None] = {
     "mlp": "tp",
     "layers": None,
     "norm": None,
+    "expert": None,
+    "latent": None,
 }
 
 Rules = Mapping[str, str | tuple[str, ...] | None]

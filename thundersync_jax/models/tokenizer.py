@@ -276,9 +276,9 @@ def for_run(config) -> ByteTokenizer | HFTokenizer:
         path = checkpoint
     vocab = int(config.model.vocab_size)
     if checkpoint:  # the architecture (and so the vocabulary) is the checkpoint's
-        from thundersync_jax.models import qwen3
+        from thundersync_jax.models import auto
 
-        vocab = qwen3.read_config(checkpoint).vocab_size
+        vocab = auto.read_config(checkpoint).vocab_size
     if path and kind != "byte":
         tok = HFTokenizer(path, chat_format="qwen3")
         if getattr(tok.hf, "chat_template", None):

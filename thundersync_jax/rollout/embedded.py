@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from thundersync_jax.models import auto, qwen3, sampling
 from thundersync_jax.models import lora as lora_lib
-from thundersync_jax.models import qwen3, sampling
 from thundersync_jax.rollout import embedded_programs as programs
 from thundersync_jax.rollout import protocol, snapshots
 from thundersync_jax.rollout.embedded_programs import bucket_for, length_buckets
@@ -50,6 +50,7 @@ class _Row:
     prompt_len: int
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    routes: list[np.ndarray] = dataclasses.field(default_factory=list)  # [n_i, M, K] blocks
 
 
 class EmbeddedEngine:
@@ -95,7 +96,7 @@ class EmbeddedEngine:
             self._adapters_like = jax.eval_shape(
                 lambda p: lora_lib.init(p, rank, alpha, tuple(targets)), self._params
             )
-        self._cache = qwen3.init_cache(self.cfg, max_batch, max_seq_len, cache_dtype or model.dtype)
+        self._cache = auto.init_cache(self.cfg, max_batch, max_seq_len, cache_dtype or model.dtype)
         self._rows: list[_Row | None] = [None] * max_batch
         self._queue: collections.deque[GenerateRequest] = collections.deque()
         probe = sampling.sequence_key(0, 0, 0, 0)
@@ -119,10 +120,10 @@ class EmbeddedEngine:
         """Builds the engine from the server's command line (see server.build_arg_parser)."""
         dtype, param_dtype = jnp.dtype(args.dtype), jnp.dtype(args.param_dtype)
         if args.checkpoint:
-            model = qwen3.from_pretrained(args.checkpoint, dtype=dtype)
+            model = auto.from_pretrained(args.checkpoint, dtype=dtype)
         elif args.model_config:
-            cfg = qwen3.Qwen3Config.from_hf(json.loads(args.model_config))
-            model = qwen3.Qwen3(
+            cfg = auto.config_from_hf(json.loads(args.model_config))
+            model = auto.build(
                 cfg, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(args.init_seed)
             )
         else:
@@ -174,17 +175,19 @@ class EmbeddedEngine:
         for r in admitted:
             by_bucket[bucket_for(self._rows[r].prompt_len, self.buckets)].append(r)
         for bucket, rows in sorted(by_bucket.items()):
-            tokens, logprobs = self._prefill(bucket, rows)
+            tokens, logprobs, routes = self._prefill(bucket, rows)
             for j, r in enumerate(rows):
+                self._rows[r].routes.append(routes[j, : self._rows[r].prompt_len])
                 self._advance(r, int(tokens[j]), float(logprobs[j]), finished)
         active = np.array([row is not None for row in self._rows])
         if active.any():
             self._note_shape(("decode",))
-            tokens, logprobs, self._cache = self._decode_fn(
+            tokens, logprobs, routes, self._cache = self._decode_fn(
                 self._params, self._rest, self._cache, self._last, active, *self._sampling_arrays()
             )
-            tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+            tokens, logprobs, routes = np.asarray(tokens), np.asarray(logprobs), np.asarray(routes)
             for r in np.flatnonzero(active):
+                self._rows[r].routes.append(routes[r][None])  # the fed token's routes
                 self._advance(int(r), int(tokens[r]), float(logprobs[r]), finished)
         return finished
 
@@ -193,7 +196,7 @@ class EmbeddedEngine:
         ids += [row.request.request_id for row in self._rows if row is not None]
         self._queue.clear()
         self._rows = [None] * self.rows_n
-        self._cache = qwen3.init_cache(
+        self._cache = auto.init_cache(
             self.cfg, self.rows_n, self.limits.max_seq_len, self._cache.k.dtype
         )
         return [protocol.error_result(rid, reason, self.version) for rid in ids]
@@ -302,8 +305,9 @@ class EmbeddedEngine:
                 admitted.append(r)
         return admitted
 
-    def _prefill(self, bucket: int, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Prefills the prompts of `rows` (all in `bucket`); first tokens and log-probs, in order.
+    def _prefill(self, bucket: int, rows: list[int]) -> tuple[np.ndarray, ...]:
+        """Prefills the prompts of `rows` (all in `bucket`); first tokens, log-probs and the
+        prompts' routes [n, bucket, M, K], in order.
 
         The arguments are padded to R prompt slots so there is one program per bucket; the
         program loops over the `len(rows)` real ones only, so padding costs no model compute.
@@ -319,7 +323,7 @@ class EmbeddedEngine:
             lengths[j] = len(prompt)
         key_data, temperature, top_p = (a[dest] for a in self._sampling_arrays())
         self._note_shape(("prefill", bucket))
-        out_tokens, out_logprobs, self._cache = self._prefill_fn(
+        out_tokens, out_logprobs, out_routes, self._cache = self._prefill_fn(
             self._params,
             self._rest,
             self._cache,
@@ -331,7 +335,11 @@ class EmbeddedEngine:
             temperature,
             top_p,
         )
-        return np.asarray(out_tokens)[:n], np.asarray(out_logprobs)[:n]
+        return (
+            np.asarray(out_tokens)[:n],
+            np.asarray(out_logprobs)[:n],
+            np.asarray(out_routes)[:n],
+        )
 
     def _advance(self, r: int, token: int, logprob: float, finished: list) -> None:
         """Appends row r's new token; frees the row when its request is done."""
@@ -350,9 +358,18 @@ class EmbeddedEngine:
         if reason is None:
             self._last[r] = token
             return
+        routes = None
+        if row.routes and row.routes[0].shape[1]:  # a MoE policy
+            routes = np.concatenate(row.routes).astype(np.int32)
         finished.append(
             GenerateResult(
-                row.request.request_id, row.tokens, row.logprobs, reason, self.version, None
+                row.request.request_id,
+                row.tokens,
+                row.logprobs,
+                reason,
+                self.version,
+                None,
+                routes,
             )
         )
         self._rows[r] = None

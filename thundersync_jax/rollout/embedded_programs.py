@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from thundersync_jax.models import auto, qwen3, sampling
 from thundersync_jax.models import lora as lora_lib
-from thundersync_jax.models import qwen3, sampling
 
 MIN_BUCKET = 16
 
@@ -41,6 +41,22 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 @jax.jit
 def merge_lora(base, adapters):
     return lora_lib.merge(base, adapters)
+
+
+def route_shape(model) -> tuple[int, int]:
+    """(MoE layers M, experts per token K) of the model; (0, 0) for a dense one."""
+    m = getattr(model, "num_moe_layers", 0)
+    return (m, model.cfg.moe.top_k) if m else (0, 0)
+
+
+def hidden_and_routes(model, ids, **kwargs):
+    """(hidden, cache, routes int32 [B, T, M, K]): the experts each input token was routed
+    to (M = 0 for a dense model), reported with the samples for routing replay."""
+    m, k = route_shape(model)
+    if not m:
+        hidden, cache = model.hidden_states(ids, **kwargs)
+        return hidden, cache, jnp.zeros(ids.shape + (0, 0), jnp.int32)
+    return model.hidden_states(ids, return_routes=True, **kwargs)
 
 
 def sample_at(model, typed_keys, hidden, cache, key_data, temperature, top_p):
@@ -76,12 +92,14 @@ def prefill(
     t = tokens.shape[1]
 
     def prefill_one(i, carry):
-        cache, out_tokens, out_logprobs = carry
+        cache, out_tokens, out_logprobs, out_routes = carry
         model = nnx.merge(graphdef, params, rest)
         row_tokens = jax.lax.dynamic_slice_in_dim(tokens, i, 1, axis=0)  # [1, T]
         mask = jnp.arange(t)[None, :] < lengths[i]  # prompts are right-padded
-        small = qwen3.init_cache(model.cfg, 1, t, cache.k.dtype)
-        hidden, small = model.hidden_states(row_tokens, attention_mask=mask, cache=small)
+        small = auto.init_cache(model.cfg, 1, t, cache.k.dtype)
+        hidden, small, routes = hidden_and_routes(
+            model, row_tokens, attention_mask=mask, cache=small
+        )
         hidden_last = jax.lax.dynamic_slice_in_dim(hidden[0], lengths[i] - 1, 1, axis=0)  # [1, D]
         token, logprob = sample_at(
             model,
@@ -98,25 +116,34 @@ def prefill(
             v=jax.lax.dynamic_update_slice(cache.v, small.v, at),
             lengths=cache.lengths.at[dest[i]].set(small.lengths[0]),
         )
-        return cache, out_tokens.at[i].set(token[0]), out_logprobs.at[i].set(logprob[0])
+        return (
+            cache,
+            out_tokens.at[i].set(token[0]),
+            out_logprobs.at[i].set(logprob[0]),
+            out_routes.at[i].set(routes[0]),
+        )
 
-    init = (cache, jnp.zeros(tokens.shape[0], jnp.int32), jnp.zeros(tokens.shape[0], jnp.float32))
-    cache, out_tokens, out_logprobs = jax.lax.fori_loop(0, count, prefill_one, init)
-    return out_tokens, out_logprobs, cache
+    p = tokens.shape[0]
+    m, k = route_shape(nnx.merge(graphdef, params, rest))
+    routes0 = jnp.zeros((p, t, m, k), jnp.int32)
+    init = (cache, jnp.zeros(p, jnp.int32), jnp.zeros(p, jnp.float32), routes0)
+    cache, out_tokens, out_logprobs, out_routes = jax.lax.fori_loop(0, count, prefill_one, init)
+    return out_tokens, out_logprobs, out_routes, cache
 
 
 def decode(
     graphdef, typed_keys, params, rest, cache, last_tokens, active, key_data, temperature, top_p
 ):
-    """Feeds each active row its last sampled token and samples the next one."""
+    """Feeds each active row its last sampled token and samples the next one; also the
+    fed tokens' routes [R, M, K]."""
     model = nnx.merge(graphdef, params, rest)
-    hidden, cache = model.hidden_states(
-        last_tokens[:, None], attention_mask=active[:, None], cache=cache
+    hidden, cache, routes = hidden_and_routes(
+        model, last_tokens[:, None], attention_mask=active[:, None], cache=cache
     )  # [R, 1, D]
     tokens_out, logprobs = sample_at(
         model, typed_keys, hidden[:, 0], cache, key_data, temperature, top_p
     )
-    return tokens_out, logprobs, cache
+    return tokens_out, logprobs, routes[:, 0], cache
 
 
 def score(graphdef, params, rest, tokens, mask):

@@ -93,13 +93,13 @@ def learner_probe(
     from flax import nnx
 
     from thundersync_jax.losses import token_logprobs
-    from thundersync_jax.models import qwen3
+    from thundersync_jax.models import auto
 
     tokens = probe_tokens(model_cfg.vocab_size, length)
     compiled: list = []  # built on the first publish: tracing a large model's init takes seconds
 
     def build():
-        abstract = nnx.eval_shape(lambda: qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(0)))
+        abstract = nnx.eval_shape(lambda: auto.build(model_cfg))
         graphdef = nnx.split(abstract, nnx.Param)[0]
 
         @jax.jit

@@ -92,6 +92,10 @@ class GenerateResult:
       finish_reason: "stop" (stop token), "length" (max_new_tokens or cache full) or "error".
       policy_version: version of the weights loaded when the request was sampled (-1 = initial).
       error: what went wrong when finish_reason == "error", else None.
+      routes: mixture-of-experts policies only: int [n, M, K], the experts each input token
+        (the prompt, then every sampled token the engine fed back) was routed to in each of
+        the M MoE layers; n = len(prompt) + len(tokens) - 1 (the last token is never fed).
+        None for dense models or engines that cannot report them.
     """
 
     request_id: str
@@ -100,6 +104,7 @@ class GenerateResult:
     finish_reason: str
     policy_version: int
     error: str | None = None
+    routes: np.ndarray | None = None
 
     @property
     def ok(self) -> bool:
@@ -185,6 +190,7 @@ def result_to_wire(res: GenerateResult) -> dict[str, Any]:
         "finish_reason": res.finish_reason,
         "policy_version": int(res.policy_version),
         "error": res.error,
+        "routes": None if res.routes is None else np.asarray(res.routes, np.int32),
     }
 
 
@@ -196,6 +202,7 @@ def result_from_wire(d: dict[str, Any]) -> GenerateResult:
         finish_reason=d["finish_reason"],
         policy_version=d["policy_version"],
         error=d["error"],
+        routes=d.get("routes"),
     )
 
 

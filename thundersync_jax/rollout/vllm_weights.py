@@ -36,10 +36,10 @@ def abstract_params(cfg: Any, param_dtype: Any = None) -> Any:
     import jax.numpy as jnp
     from flax import nnx
 
-    from thundersync_jax.models import qwen3
+    from thundersync_jax.models import auto
 
     dtype = jnp.float32 if param_dtype is None else param_dtype
-    abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, param_dtype=dtype, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: auto.build(cfg, param_dtype=dtype))
     return nnx.split(abstract, nnx.Param)[1]
 
 
@@ -54,7 +54,7 @@ def snapshot_to_hf_state_dict(
       cfg: the model's qwen3.Qwen3Config.
       param_dtype: dtype the parameters were published in (default: the manifest's).
     """
-    from thundersync_jax.models import qwen3
+    from thundersync_jax.models import auto
 
     manifest = snapshots.read_manifest(path)
     if manifest["kind"] == "lora_adapters":
@@ -69,7 +69,7 @@ def snapshot_to_hf_state_dict(
         param_dtype = dtypes.pop()
     like = abstract_params(cfg, param_dtype)
     params = snapshots.load(path, expected_version=version, like=like)
-    return qwen3.to_hf_state_dict(params, cfg)
+    return auto.to_hf_state_dict(params, cfg)
 
 
 def to_torch(array: np.ndarray):
@@ -104,9 +104,9 @@ class SnapshotWorkerExtension:
     def load_thundersync_snapshot(self, path: str, version: int, hf_config_json: str) -> int:
         import torch
 
-        from thundersync_jax.models import qwen3
+        from thundersync_jax.models import auto
 
-        cfg = qwen3.Qwen3Config.from_hf(json.loads(hf_config_json))
+        cfg = auto.config_from_hf(json.loads(hf_config_json))
         state = snapshot_to_hf_state_dict(path, version, cfg)
         weights = ((name, to_torch(array)) for name, array in state.items())
         runner = self.model_runner

@@ -6,7 +6,14 @@ logits = model(input_ids)                      # [B, T] int32 -> [B, T, V] float
 qwen3.save_pretrained(model, path)             # loadable by transformers
 """
 
-from thundersync_jax.models.qwen3._cache import KVCache, init_cache, reset_rows
+from thundersync_jax.models.qwen3._cache import (
+    KVCache,
+    cache_positions,
+    init_cache,
+    reset_rows,
+    write_layer,
+    write_slots,
+)
 from thundersync_jax.models.qwen3._config import Qwen3Config
 from thundersync_jax.models.qwen3._hf_io import (
     from_hf_state_dict,
@@ -29,7 +36,7 @@ from thundersync_jax.models.qwen3._modules import (
 )
 from thundersync_jax.models.qwen3._random import random_state_dict
 from thundersync_jax.models.qwen3._segment import SegmentOutput, segment_hidden_states
-from thundersync_jax.models.qwen3._shards import load_sharded_params
+from thundersync_jax.models.qwen3._shards import load_sharded_params, tensor_views
 
 __all__ = [
     "MLP",
@@ -48,11 +55,15 @@ __all__ = [
     "random_state_dict",
     "init_cache",
     "load_sharded_params",
+    "cache_positions",
+    "write_layer",
+    "write_slots",
     "read_config",
     "read_safetensors",
     "reset_rows",
     "save_pretrained",
     "segment_hidden_states",
     "tensor_table",
+    "tensor_views",
     "to_hf_state_dict",
 ]
