@@ -84,6 +84,16 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("xdist_group") is None:
             path = item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(path, path)))
+    # The heavy groups first (stable sort, the same order on every worker): with
+    # `--no-loadscope-reorder` each worker starts on one of them at once and the light modules
+    # fill in around them (longest first), instead of a heavy group starting half-way through.
+    heavy = list(HEAVY_GROUPS)
+    items.sort(key=lambda i: heavy.index(g) if (g := _group(i)) in heavy else len(heavy))
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
 
 
 # Prime-ish dims shared by the model and sampling tests: 5 query heads over 1 kv head, head_dim 8,
