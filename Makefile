@@ -15,7 +15,7 @@ RUN_DIR ?= runs/cpu
 PYTEST_ARGS ?=
 # Two pytest workers on the 2-core target (tests/README.md: the groups keep two heavy runs apart).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
 .PHONY: setup test test-quick test-all run lint format sysdeps clean vllm-cpu
 

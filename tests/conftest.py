@@ -35,28 +35,46 @@ for _var in ("JAX_COMPILATION_CACHE_DIR", "TSJ_TEST_SFT_CACHE"):
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
-# End-to-end modules that share a worker under `pytest -n 2 --dist loadgroup` (make test): one
-# group runs its modules one after another, so the two heavy groups never put two multi-process
-# runs (or two vLLM servers) on the 2 cores at once. Every other module is its own group (its
-# module fixtures are built once, on one worker). New end-to-end modules join the lighter group.
+# End-to-end modules that share a worker under `pytest -n 2` (make test): a group runs its
+# modules one after another on one worker, so two multi-process runs (or two vLLM servers)
+# never share the 2 cores. Every other module is a group of its own (its module fixtures are
+# built once, on one worker). New end-to-end modules join the lighter group (tests/README.md).
 HEAVY_GROUPS = {
     "e2e_inproc": (
-        "tests/train_test.py",
-        "tests/train_deterministic_test.py",
-        "tests/schedule/faults_test.py",
-        "tests/learner/mesh_e2e_test.py",
         "tests/learner/dry_run_test.py",
+        "tests/learner/mesh_e2e_test.py",
+        "tests/schedule/faults_test.py",
+        "tests/train_deterministic_test.py",
+        "tests/train_test.py",
     ),
     "e2e_multiproc": (
-        "tests/train_multiprocess_test.py",
+        "tests/bench/gpu_check_test.py",
+        "tests/experiments/swe_grpo_vllm_test.py",
         "tests/learner/checkpoint_multiprocess_test.py",
         "tests/learner/replicas_test.py",
         "tests/rollout/vllm_cpu_test.py",
-        "tests/experiments/swe_grpo_vllm_test.py",
-        "tests/bench/gpu_check_test.py",
+        "tests/train_multiprocess_test.py",
     ),
 }
 _GROUP_OF = {path: group for group, paths in HEAVY_GROUPS.items() for path in paths}
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return _GROUP_OF.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler with `_group` as the scope. (`--dist loadgroup` would do this
+    with `xdist_group` marks, but xdist 3.8 tags the group onto `item._nodeid`, which pytest 9
+    no longer reads: every test became its own scope.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_addoption(parser):
@@ -71,7 +89,6 @@ def pytest_unconfigure(config):
             shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     # `nightly`: extra variants of properties a make-test test already proves (tests/README.md);
     # deselected unless --nightly or a -m expression that names the marker.
@@ -80,20 +97,11 @@ def pytest_collection_modifyitems(config, items):
         if nightly:
             config.hook.pytest_deselected(items=nightly)
             items[:] = [i for i in items if i.get_closest_marker("nightly") is None]
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(path, path)))
     # The heavy groups first (stable sort, the same order on every worker): with
     # `--no-loadscope-reorder` each worker starts on one of them at once and the light modules
-    # fill in around them (longest first), instead of a heavy group starting half-way through.
+    # fill in around them, instead of a heavy group starting half-way through the run.
     heavy = list(HEAVY_GROUPS)
-    items.sort(key=lambda i: heavy.index(g) if (g := _group(i)) in heavy else len(heavy))
-
-
-def _group(item) -> str:
-    mark = item.get_closest_marker("xdist_group")
-    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+    items.sort(key=lambda i: heavy.index(g) if (g := _group(i.nodeid)) in heavy else len(heavy))
 
 
 # Prime-ish dims shared by the model and sampling tests: 5 query heads over 1 kv head, head_dim 8,
