@@ -36,24 +36,24 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 # End-to-end modules that share a worker under `pytest -n 2` (make test): a group runs its
-# modules one after another on one worker, so two multi-process runs (or two vLLM servers)
-# never share the 2 cores. Every other module is a group of its own (its module fixtures are
-# built once, on one worker). New end-to-end modules join the lighter group (tests/README.md).
-HEAVY_GROUPS = {
+# modules one after another on one worker, so two multi-process runs never share the 2 cores.
+# Every other module is a group of its own (its module fixtures are built once, on one
+# worker). New end-to-end modules join the group that finishes first (tests/README.md).
+HEAVY_GROUPS = {  # each group's modules run in this order (longest critical path first)
     "e2e_inproc": (
         "tests/learner/dry_run_test.py",
         "tests/learner/mesh_e2e_test.py",
         "tests/schedule/faults_test.py",
         "tests/train_deterministic_test.py",
         "tests/train_test.py",
+        "tests/experiments/swe_grpo_vllm_test.py",
+        "tests/bench/gpu_check_test.py",
     ),
     "e2e_multiproc": (
-        "tests/bench/gpu_check_test.py",
-        "tests/experiments/swe_grpo_vllm_test.py",
+        "tests/train_multiprocess_test.py",
         "tests/learner/checkpoint_multiprocess_test.py",
         "tests/learner/replicas_test.py",
         "tests/rollout/vllm_cpu_test.py",
-        "tests/train_multiprocess_test.py",
     ),
 }
 _GROUP_OF = {path: group for group, paths in HEAVY_GROUPS.items() for path in paths}
@@ -100,8 +100,13 @@ def pytest_collection_modifyitems(config, items):
     # The heavy groups first (stable sort, the same order on every worker): with
     # `--no-loadscope-reorder` each worker starts on one of them at once and the light modules
     # fill in around them, instead of a heavy group starting half-way through the run.
-    heavy = list(HEAVY_GROUPS)
-    items.sort(key=lambda i: heavy.index(g) if (g := _group(i.nodeid)) in heavy else len(heavy))
+    order = [path for paths in HEAVY_GROUPS.values() for path in paths]
+    items.sort(key=lambda i: _rank(i.nodeid, order))
+
+
+def _rank(nodeid: str, order: list[str]) -> int:
+    path = nodeid.split("::")[0]
+    return order.index(path) if path in order else len(order)
 
 
 # Prime-ish dims shared by the model and sampling tests: 5 query heads over 1 kv head, head_dim 8,
