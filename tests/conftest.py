@@ -1,6 +1,12 @@
-"""Test-wide settings (CPU only, 8 fake devices for sharding) and shared tiny-model fixtures."""
+"""Test-wide settings (CPU only, 8 fake devices for sharding, one compilation cache and one
+warm-start cache per session), the suite's tiers and groups, and shared tiny-model fixtures.
+
+See tests/README.md: what each tier runs and which test proves which property.
+"""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -11,6 +17,97 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+# One persistent compilation cache and one warm-start (SFT) cache for everything the session
+# starts: set here, before jax is imported, in the process that starts the xdist workers, so
+# the workers, `python -m experiments.*` subprocesses, launch_local children, engine processes
+# and notebook kernels all inherit them (they copy os.environ). `make test` hands in a fresh
+# directory per run (the cache never outlives a code change); a bare `pytest` gets one here,
+# removed when the session ends. JAX keys each entry by the program, the XLA flags, the
+# backend and the jax/jaxlib versions, so processes with other flags simply do not share.
+_OWN_CACHES = []
+for _var in ("JAX_COMPILATION_CACHE_DIR", "TSJ_TEST_SFT_CACHE"):
+    if not os.environ.get(_var):
+        os.environ[_var] = tempfile.mkdtemp(prefix=f"tsj-{_var.lower()}-")
+        _OWN_CACHES.append(os.environ[_var])
+# Cache every program, however small or quick to compile: the suite recompiles the same
+# tiny-model programs in dozens of processes.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+# End-to-end modules that share a worker under `pytest -n 2` (make test): a group runs its
+# modules one after another on one worker, so two multi-process runs never share the 2 cores.
+# Every other module is a group of its own (its module fixtures are built once, on one
+# worker). New end-to-end modules join the group that finishes first (tests/README.md).
+HEAVY_GROUPS = {  # each group's modules run in this order (longest critical path first)
+    "e2e_inproc": (
+        "tests/learner/dry_run_test.py",
+        "tests/learner/mesh_e2e_test.py",
+        "tests/schedule/faults_test.py",
+        "tests/train_deterministic_test.py",
+        "tests/train_test.py",
+        "tests/experiments/swe_grpo_vllm_test.py",
+        "tests/bench/gpu_check_test.py",
+    ),
+    "e2e_multiproc": (
+        "tests/train_multiprocess_test.py",
+        "tests/learner/checkpoint_multiprocess_test.py",
+        "tests/learner/replicas_test.py",
+        "tests/rollout/vllm_cpu_test.py",
+    ),
+}
+_GROUP_OF = {path: group for group, paths in HEAVY_GROUPS.items() for path in paths}
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return _GROUP_OF.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler with `_group` as the scope. (`--dist loadgroup` would do this
+    with `xdist_group` marks, but xdist 3.8 tags the group onto `item._nodeid`, which pytest 9
+    no longer reads: every test became its own scope.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--nightly", action="store_true", help="also run the extra variants marked `nightly`"
+    )
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the controller made them; workers only used them
+        for path in _OWN_CACHES:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    # `nightly`: extra variants of properties a make-test test already proves (tests/README.md);
+    # deselected unless --nightly or a -m expression that names the marker.
+    if not (config.getoption("--nightly") or "nightly" in (config.option.markexpr or "")):
+        nightly = [i for i in items if i.get_closest_marker("nightly") is not None]
+        if nightly:
+            config.hook.pytest_deselected(items=nightly)
+            items[:] = [i for i in items if i.get_closest_marker("nightly") is None]
+    # The heavy groups first (stable sort, the same order on every worker): with
+    # `--no-loadscope-reorder` each worker starts on one of them at once and the light modules
+    # fill in around them, instead of a heavy group starting half-way through the run.
+    order = [path for paths in HEAVY_GROUPS.values() for path in paths]
+    items.sort(key=lambda i: _rank(i.nodeid, order))
+
+
+def _rank(nodeid: str, order: list[str]) -> int:
+    path = nodeid.split("::")[0]
+    return order.index(path) if path in order else len(order)
+
 
 # Prime-ish dims shared by the model and sampling tests: 5 query heads over 1 kv head, head_dim 8,
 # hidden 40 != 5*8, vocab 97, so a transposed axis or a wrong head grouping fails a shape check.
@@ -83,3 +180,50 @@ def tiny_policy():
         return cfg, graphdef, params
 
     return make
+
+
+@pytest.fixture(scope="session")
+def warm_start():
+    """Factory: `warm_start(family)` -> the workdir of a 0-step run of that family's smoke
+    config, whose `final/` is the exported warm start ("grpo": `configs/cpu.py:smoke` at seed
+    42, "opd": `configs/terminal_opd_cpu.py:smoke`, teacher included).
+
+    Trained once per session in TSJ_TEST_SFT_CACHE, under a file lock, so the two xdist
+    workers never train the same warm start side by side; every later run of that config
+    (in-process or `python -m experiments.*`) finds it there (the cache is keyed by config and
+    demonstrations, not by workdir).
+    """
+    import fcntl
+
+    root = os.environ["TSJ_TEST_SFT_CACHE"]
+    os.makedirs(root, exist_ok=True)
+
+    def make(family: str) -> str:
+        workdir = os.path.join(root, f"init-{family}")
+        with open(os.path.join(root, f".{family}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
+                from thundersync_jax import train
+
+                train.run(_warm_start_config(family, root), workdir)
+        return workdir
+
+    return make
+
+
+def _warm_start_config(family: str, root: str):
+    from configs import cpu, terminal_opd_cpu
+
+    if family == "grpo":
+        c = cpu.get_config("smoke")
+        c.seed = 42
+    elif family == "opd":
+        c = terminal_opd_cpu.get_config("smoke")
+    else:
+        raise ValueError(f"no shared warm start for {family!r}")
+    c.num_steps = 0
+    c.sft.cache_dir = root
+    c.rollout.snapshot_root = os.path.join(root, "shm")
+    c.metrics.timeline_every = 0
+    c.metrics.tensorboard = False
+    return c

@@ -10,8 +10,8 @@ arrival order irrelevant to the bits; a resumed batch starts from a whole checkp
 train state only: a batch's tallies are never saved half-folded) and resamples the same
 trajectories (keyed sampling), so the kill leaves no trace either.
 
-The runs share a persistent XLA cache (their programs are identical), so only the first
-compiles. `TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
+The runs share the session's persistent XLA cache (their programs are identical), so only
+the first compiles. `TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
 """
 
 import hashlib
@@ -42,9 +42,9 @@ def _command(schedule, workdir, base):
 
 
 def _env(base):
-    cache = str(base / "xla_cache")  # identical programs in every run: compile once
-    return dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=cache,
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # fmt: skip
+    # The session's compilation cache (tests/conftest.py) is inherited: identical programs in
+    # every run, so only the first compiles.
+    return dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
 
 
 def _run(cmd, base):
@@ -78,7 +78,8 @@ def _per_step(workdir, key):
     return [m[key] for m in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
 
 
-def test_every_schedule_and_a_killed_resume_end_at_the_same_bits(tmp_path):
+def test_every_schedule_and_a_killed_resume_end_at_the_same_bits(tmp_path, warm_start):
+    warm_start("grpo")  # trained once per session (under a lock); the runs find it cached
     wd = {s: str(tmp_path / s) for s in ("sync", "group", "stream")}
     _run(_command("sync", wd["sync"], tmp_path), tmp_path)
     for schedule in ("group", "stream"):

@@ -10,7 +10,9 @@ one process mid-run ends the run (no hang) and the relaunch resumes from the new
 to the uninterrupted result. With `rl.deterministic=True` (GRPO, one step) the two-process run
 is bitwise the run of one process on the same 4-device mesh: the batch end all-reduces exact
 fixed-point tallies.
-The warm start is trained once per family and shared through `sft.cache_dir`.
+The warm start is trained once per family for the whole session and shared through
+`sft.cache_dir` (TSJ_TEST_SFT_CACHE, tests/conftest.py): GRPO at seed 42 and OPD at its
+config's seed, as in tests/train_test.py.
 """
 
 import os
@@ -34,6 +36,9 @@ FAMILIES = {
     "grpo": ("experiments.swe_grpo", "configs/cpu.py:smoke"),
     "opd": ("experiments.terminal_opd", "configs/terminal_opd_cpu.py:smoke"),
 }
+# The seeds of tests/train_test.py's runs, so every family trains one warm start per session
+# (cpu.py:smoke holds mixed groups at seed 42; terminal_opd_cpu keeps its own seed).
+SEED_FLAGS = {"grpo": ["--config.seed=42"], "opd": []}
 
 
 def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
@@ -41,8 +46,9 @@ def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
     launch_local on 4 fake devices per process with an fsdp=2 x tp=2 mesh each."""
     module, config = FAMILIES[algo]
     cmd = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
-           "--config.schedule=stream", f"--config.num_steps={steps}", "--config.seed=7",
-           f"--config.sft.cache_dir={base / 'sft'}", "--config.checkpoint.every=1",
+           "--config.schedule=stream", f"--config.num_steps={steps}", *SEED_FLAGS[algo],
+           f"--config.sft.cache_dir={os.environ.get('TSJ_TEST_SFT_CACHE') or base / 'sft'}",
+           "--config.checkpoint.every=1",
            f"--config.rollout.snapshot_root={base / 'shm'}", "--config.metrics.tensorboard=False",
            "--config.metrics.timeline_every=0"]  # fmt: skip
     if not (processes > 1 if launched is None else launched):
@@ -72,11 +78,11 @@ def _rewards(workdir):
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def runs(request, tmp_path_factory):
-    """(algo, base, {"init", "one", "two": workdir})."""
+def runs(request, tmp_path_factory, warm_start):
+    """(algo, base, {"init", "one", "two": workdir}); "init": the session's warm start."""
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
-    wd = {name: str(base / name) for name in ("init", "one", "two")}
-    _run(_command(algo, wd["init"], base, 1, steps=0))  # the warm start, exported
+    wd = {name: str(base / name) for name in ("one", "two")}
+    wd["init"] = warm_start(algo)  # exported; the runs below find it in the SFT cache
     _run(_command(algo, wd["one"], base, 1))
     _run(_command(algo, wd["two"], base, 2))
     return algo, base, wd

@@ -67,27 +67,28 @@ def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # ~2.5 CPU-min each; far more wall time on a loaded machine
 @pytest.mark.parametrize(
-    "experiment, config",
+    "experiment, config, override",
     [
-        # One recipe per code path (LoRA at 65,536 tokens, full with offloaded layer inputs
-        # at 32,768); the other two compile the same programs at other sizes: nightly.
-        ("swe_grpo", "configs/b200.py"),
-        pytest.param("swe_grpo", "configs/b200.py:full", marks=pytest.mark.nightly),
-        pytest.param("swe_grpo", "configs/h200.py", marks=pytest.mark.nightly),
-        ("swe_grpo", "configs/h200.py:full"),
-        ("terminal_opd", "configs/terminal_opd_cpu.py"),
+        # Every real recipe at its full depth (64 unrolled layers of blockwise attention:
+        # minutes of compile each) is nightly. make test compiles one recipe per learner code
+        # path (LoRA at 65,536 tokens, full fine-tuning with host-resident tallies and
+        # offloaded layer inputs, OPD) at the recipe's real widths, lengths and mesh but two
+        # layers: the same programs per layer, a fraction of the compile.
+        ("swe_grpo", "configs/b200.py", "--config.model.num_hidden_layers=2"),
+        ("swe_grpo", "configs/b200.py:full", "--config.model.num_hidden_layers=2"),
+        pytest.param("swe_grpo", "configs/b200.py", "", marks=pytest.mark.nightly),
+        pytest.param("swe_grpo", "configs/b200.py:full", "", marks=pytest.mark.nightly),
+        pytest.param("swe_grpo", "configs/h200.py", "", marks=pytest.mark.nightly),
+        pytest.param("swe_grpo", "configs/h200.py:full", "", marks=pytest.mark.nightly),
+        ("terminal_opd", "configs/terminal_opd_cpu.py", ""),
     ],
 )
-def test_gpu_recipes_compile_on_8_fake_devices_and_fit(experiment, config, tmp_path_factory):
-    # b200 and h200 (lora) compile the same programs: a shared persistent cache saves one.
-    cache = str(tmp_path_factory.getbasetemp() / "xla_cache")
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_COMPILATION_CACHE_DIR=cache,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
-    out = _run(["-m", f"experiments.{experiment}", f"--config={config}", "--dry_run"], env)
+def test_gpu_recipes_compile_on_8_fake_devices_and_fit(experiment, config, override):
+    # The session's compilation cache (tests/conftest.py) is inherited: b200 and h200 (LoRA)
+    # compile the same programs.
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    args = ["-m", f"experiments.{experiment}", f"--config={config}", "--dry_run"]
+    out = _run(args + ([override] if override else []), env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "score gradient" in out.stdout and "optimizer update" in out.stdout
     assert "segment gradient [1024 new vs" in out.stdout

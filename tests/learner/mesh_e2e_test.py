@@ -1,6 +1,6 @@
 """End to end through `experiments.swe_grpo`: a sharded learner, a user's own checkpoint.
 
-* A stream run on 8 fake CPU devices with mesh fsdp=4 x tp=2 ends at the single-device
+* (nightly) A stream run on 8 fake CPU devices with mesh fsdp=4 x tp=2 ends at the single-device
   run's parameters (the update, final - initial, within 1e-4 relative) with equal rewards.
 * A tiny Qwen3 checkpoint with its own BPE tokenizer and chat template, both made by
   transformers/tokenizers, trains 2 steps in bfloat16 via `--config.model.checkpoint=DIR`;
@@ -44,12 +44,9 @@ FULL_STEP = ["--config.optim.warmup_steps=0", "--config.optim.decay_steps=0"]
 
 
 def _train_cli(workdir, *flags):
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=REPO,
-    )
+    # The session's XLA_FLAGS (8 fake devices, tests/conftest.py): the same flags as every
+    # other experiments.* process, so the shared compilation cache serves this one too.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     cmd = [sys.executable, "-m", "experiments.swe_grpo", f"--workdir={workdir}", *COMMON, *flags]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -72,6 +69,9 @@ def _norm(tensors):
     return float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in tensors.values())))
 
 
+# Folded: tests/train_multiprocess_test.py runs the same stream config on fsdp=2 x tp=2 meshes
+# (2 processes) and on one device and asserts the same 1e-4 bound and equal rewards (issue 23).
+@pytest.mark.nightly
 def test_fsdp4_tp2_stream_run_matches_the_single_device_run(tmp_path):
     init, single, sharded = (str(tmp_path / n) for n in ("init", "single", "sharded"))
     train.run(_config(0, tmp_path), init)  # the warm start, exported as it is
