@@ -63,13 +63,13 @@ def test_replay_and_recompute_and_disagreement(cfg):
 
 def test_adamw_weight_decay_leaves_the_router_correction_bias_alone():
     """A zero gradient with weight decay: every param shrinks except the correction bias."""
-    import ml_collections
 
+    from configs import common
     from thundersync_jax.learner import train_state
 
-    cfg = ml_collections.ConfigDict(
-        dict(name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.5, max_grad_norm=0.0)
-    )
+    cfg = common.get_base_config().optim  # the base defaults, then this test's values
+    cfg.update(name="adamw", learning_rate=0.1, b1=0.9, b2=0.999, weight_decay=0.5)
+    cfg.max_grad_norm = 0.0
     model = random_model(GLM, seed=1)
     _, params = nnx.split(model, nnx.Param)
     opt = train_state.make_optimizer(cfg)

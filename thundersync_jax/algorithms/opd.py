@@ -348,7 +348,7 @@ class _OpdLearner:
         # Rounded to 1e-6 nats (far below its sampling noise): the float32 forwards behind it
         # are padded per chunk, and chunks differ between schedules in the last bits.
         kl = state.reverse_kl_sum / max(state.tally.tokens, 1)
-        out.update(reverse_kl=round(kl, 6), turns=int(state.turns), **state.gap.metrics())
+        out.update(reverse_kl=float(f"{kl:.7g}"), turns=int(state.turns), **state.gap.metrics())
         out["opd_granularity_turn"] = 1.0 if state.granularity == "turn" else 0.0
         predicted = None if state.choice is None else state.choice.predicted
         if predicted is not None:  # only on steps the predictor chose (not while exploring)
