@@ -8,7 +8,7 @@ import pytest
 
 from configs import b200, cpu, h200, terminal_opd_cpu
 from thundersync_jax import gpu_node
-from thundersync_jax.models import qwen3
+from thundersync_jax.models import auto, qwen3
 from thundersync_jax.rollout import engine_cmd
 from thundersync_jax.rollout import server as rollout_server
 
@@ -27,7 +27,7 @@ SHIPPED = [
 def test_engine_command_line_and_placement(tmp_path, name, module, variant):
     config = module.get_config(variant)
     engine_cmd.check_engine_config(config)  # what the trainer checks at start-up
-    model_cfg = qwen3.Qwen3Config.from_config_dict(config.model)
+    model_cfg = auto.config_from_section(config.model)
     spec = engine_cmd.rollout_engines(config, model_cfg, str(tmp_path))
     args = rollout_server.build_arg_parser().parse_args(["--address", "ipc://x", *spec.server_args])
     ro = config.rollout
@@ -38,11 +38,11 @@ def test_engine_command_line_and_placement(tmp_path, name, module, variant):
     if ro.engine == "vllm":
         # vLLM starts from a checkpoint: the user's, or the model's config.json + dummy weights.
         with open(os.path.join(args.checkpoint, "config.json")) as f:
-            assert qwen3.Qwen3Config.from_hf(json.load(f)) == model_cfg
+            assert auto.config_from_hf(json.load(f)) == model_cfg
         assert json.loads(args.vllm_kwargs)["load_format"] == "dummy"
         assert spec.load_probe is not None
     else:
-        assert qwen3.Qwen3Config.from_hf(json.loads(args.model_config)) == model_cfg
+        assert auto.config_from_hf(json.loads(args.model_config)) == model_cfg
         assert spec.python == sys.executable and spec.load_probe is None
     if "node" not in config:
         assert all("CUDA_VISIBLE_DEVICES" not in env for env in spec.envs)
