@@ -85,3 +85,9 @@ find_vllm_python  # unused function (thundersync_jax/rollout/engine_cmd.py:149)
 _.policy_lag  # unused property (thundersync_jax/schedule/schedules.py:60)
 _.overlaps_rollouts  # unused property (thundersync_jax/schedule/schedules.py:65)
 timeline_from_sim  # unused function (thundersync_jax/sim/timelines.py:58)
+
+# Public API used by the tests and users (the reference temperature transform of the whole
+# logits; G = N / K of a config), no longer called inside the package since attention and the
+# LM head moved to models.attention and losses.tiled_token_terms.
+tempered  # unused function (thundersync_jax/learner/chunks.py)
+num_query_groups  # unused property (thundersync_jax/models/qwen3/_config.py, qwen3_moe/_config.py)
