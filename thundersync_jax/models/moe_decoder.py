@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Int
 
 from thundersync_jax.models import moe, qwen3
 
@@ -164,17 +164,10 @@ class MoeCausalLM(nnx.Module):
             return x, new_cache
         return x, new_cache, jnp.stack(own_routes, axis=2)
 
-    # LM head + log-softmax in token tiles (never [T, V]), as the dense model does.
+    # The dense model's LM head and its token-tiled log-softmax (never [T, V]).
     token_terms = qwen3.Qwen3.token_terms
 
-    def logits_from_hidden(self, hidden: Float[Array, "B T D"]) -> Float[Array, "B T V"]:
-        """LM head (tied or untied) in float32."""
-        if self.lm_head is None:
-            return self.embed_tokens.attend(hidden)
-        kernel = self.lm_head.kernel[...].astype(self.dtype)
-        return jnp.einsum(
-            "BTD,DV->BTV", hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32
-        )
+    logits_from_hidden = qwen3.Qwen3.logits_from_hidden  # LM head (tied or untied), float32
 
     def __call__(
         self,
