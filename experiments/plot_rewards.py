@@ -3,7 +3,8 @@ r"""Plots mean reward per step from a run's metrics.jsonl (for the README).
     python -m experiments.plot_rewards --workdir=runs/cpu --out=docs/cpu_reward_curve.png
 
 Draws reward_mean per step, a trailing 5-step mean, and the first-5 / last-5 means
-that the `make run` acceptance check compares (printed as well).
+that the `make run` acceptance check compares (printed as well); with held-out evaluation in
+the run (`--config.eval.every_steps=N`), its `eval_pass@1` and `eval_pass@k` on the same axes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def read_rewards(metrics_path: str) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.array([by_step[s] for s in steps])
 
 
+def read_eval(metrics_path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{"eval_pass@1": (steps, values), "eval_pass@k": ...} of the evaluated steps ({} if none)."""
+    by_key: dict[str, dict[int, float]] = {}
+    with open(metrics_path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            m = json.loads(line)
+            for key, value in m.items():
+                if key.startswith("eval_pass@"):
+                    by_key.setdefault(key, {})[int(m["step"])] = float(value)
+    return {
+        key: (np.array(sorted(v)), np.array([v[s] for s in sorted(v)]))
+        for key, v in sorted(by_key.items())
+    }
+
+
 def first_last_means(rewards: np.ndarray, window: int) -> tuple[float, float]:
     """Mean reward of the first and of the last `window` steps."""
     if window < 1:
@@ -46,8 +64,16 @@ def first_last_means(rewards: np.ndarray, window: int) -> tuple[float, float]:
     return float(np.mean(rewards[:window])), float(np.mean(rewards[-window:]))
 
 
-def plot(steps: np.ndarray, rewards: np.ndarray, window: int, out: str, title: str) -> None:
-    """Writes a small PNG: per-step reward, trailing mean, first/last window means."""
+def plot(
+    steps: np.ndarray,
+    rewards: np.ndarray,
+    window: int,
+    out: str,
+    title: str,
+    evals: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> None:
+    """Writes a small PNG: per-step reward, trailing mean, first/last window means, and the
+    held-out pass@k curves of `evals` (from `read_eval`)."""
     first, last = first_last_means(rewards, window)
     trailing = np.array(
         [rewards[max(0, i - window + 1) : i + 1].mean() for i in range(len(rewards))]
@@ -73,8 +99,10 @@ def plot(steps: np.ndarray, rewards: np.ndarray, window: int, out: str, title: s
         color="C3",
         fontsize=8,
     )
+    for i, (key, (at, values)) in enumerate((evals or {}).items()):
+        ax.plot(at, values, "s--", ms=4, lw=1.5, color=f"C{4 + i}", label=f"held-out {key[5:]}")
     ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
+    ax.set_ylabel("mean reward / pass@k" if evals else "mean reward")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -87,10 +115,14 @@ def plot(steps: np.ndarray, rewards: np.ndarray, window: int, out: str, title: s
 
 def main(argv):
     del argv
-    steps, rewards = read_rewards(os.path.join(_WORKDIR.value, "metrics.jsonl"))
+    path = os.path.join(_WORKDIR.value, "metrics.jsonl")
+    steps, rewards = read_rewards(path)
+    evals = read_eval(path)
     first, last = first_last_means(rewards, _WINDOW.value)
     title = _TITLE.value or f"GRPO reward ({_WORKDIR.value})"
-    plot(steps, rewards, _WINDOW.value, _OUT.value, title)
+    plot(steps, rewards, _WINDOW.value, _OUT.value, title, evals)
+    for key, (at, values) in evals.items():
+        print(f"{key}: " + " ".join(f"{s}:{v:.3f}" for s, v in zip(at, values, strict=True)))
     print(
         f"steps={len(steps)} first{_WINDOW.value}={first:.3f} last{_WINDOW.value}={last:.3f} "
         f"delta={last - first:+.3f} -> {_OUT.value}"

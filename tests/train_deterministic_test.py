@@ -1,9 +1,10 @@
 """End to end, `rl.deterministic=True`: every schedule, interrupted or not, ends at the same bits.
 
 GRPO on `configs/cpu.py:smoke` with no entropy or KL term (the warm start gives mixed
-groups, so the update is the pure policy-gradient term), two steps. `sync` runs through;
-`group` and `stream` are killed with SIGKILL inside their second step and rerun, resuming
-from the step-1 checkpoint. All three end at byte-identical `final/model.safetensors`, with
+groups, so the update is the pure policy-gradient term), two steps. `sync` and `group` run through;
+`stream` is killed with SIGKILL inside its second step and rerun, resuming from the step-1
+checkpoint (the kill is schedule-independent: one killed schedule proves the resume). All
+three end at byte-identical `final/model.safetensors`, with
 identical per-step rewards and tokens, after updates that really moved the parameters.
 One score-gradient call per trajectory and exactly associative tallies (DESIGN §8) make
 arrival order irrelevant to the bits; a resumed batch starts from a whole checkpoint (the
@@ -81,10 +82,10 @@ def _per_step(workdir, key):
 def test_every_schedule_and_a_killed_resume_end_at_the_same_bits(tmp_path, warm_start):
     warm_start("grpo")  # trained once per session (under a lock); the runs find it cached
     wd = {s: str(tmp_path / s) for s in ("sync", "group", "stream")}
-    _run(_command("sync", wd["sync"], tmp_path), tmp_path)
-    for schedule in ("group", "stream"):
-        _killed_in_step_two_then_resumed(_command(schedule, wd[schedule], tmp_path), wd[schedule],
-                                         tmp_path)  # fmt: skip
+    for schedule in ("sync", "group"):
+        _run(_command(schedule, wd[schedule], tmp_path), tmp_path)
+    _killed_in_step_two_then_resumed(_command("stream", wd["stream"], tmp_path), wd["stream"],
+                                     tmp_path)  # fmt: skip
     # Real updates: mixed rewards in a group, a non-zero gradient, applied, every step.
     assert all(n >= 1 for n in _per_step(wd["sync"], "mixed_groups"))
     assert all(g > 0 for g in _per_step(wd["sync"], "grad_norm"))

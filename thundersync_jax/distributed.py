@@ -262,3 +262,22 @@ def exit_on_failure():
         sys.stdout.flush()
         logging.shutdown()
         os._exit(1)
+
+
+def finish(info: ProcessInfo) -> None:
+    """Ends a multi-process run in order: every process leaves together (no-op for one).
+
+    JAX's own exit hook destroys the CPU client (and with it gloo's connections) before its
+    shutdown barrier, so a process that finishes first closes its sockets while a slower peer
+    may still be reading the last collective's bytes: gloo then throws "connection closed by
+    peer" and the peer aborts (SIGABRT). A last collective and then the coordination
+    service's shutdown barrier, both while every client is alive, leave nothing in flight.
+    """
+    if info.count == 1:
+        return
+    import jax
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("run finished")
+    jax.distributed.shutdown()  # returns once every process has called it
+    log.info("process %d of %d finished", info.index, info.count)

@@ -150,7 +150,9 @@ def run(config, workdir: str, *, entry_algorithm: str | None = None) -> dict:
     algo, schedule, family = check(config, entry_algorithm)
     info = distributed.initialize(config.get("distributed"))  # before any other JAX call
     with distributed.exit_on_failure():  # a failing replica must not hang the others
-        return _run_processes(config, workdir, info, algo, schedule, family)
+        metrics = _run_processes(config, workdir, info, algo, schedule, family)
+        distributed.finish(info)  # every process leaves together (no torn-down peers)
+    return metrics
 
 
 def _run_processes(config, workdir: str, info, algo, schedule, family) -> dict:
