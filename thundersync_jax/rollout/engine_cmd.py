@@ -182,9 +182,31 @@ def check_engine_config(config: Any) -> None:
             "rollout.engine='vllm' loads full weights: set lora.publish='merged' "
             f"(got {config.lora.publish!r})"
         )
+    check_routing(config)
     engine_devices(config, "rollout")
     if config.rl.algorithm == "opd" and config.get("teacher") is not None:
         engine_devices(config, "teacher")
+
+
+def check_routing(config: Any) -> None:
+    """Refuses routing replay of a MoE policy on an engine that reports no routes.
+
+    The vLLM engine returns no routed experts (vLLM 0.32's `enable_return_routed_experts` needs
+    Model Runner V2, which needs Triton: not on its CPU backend; not wired for GPUs either).
+    Falling back to recomputing would silently drop the on-policy guarantee `replay` was asked
+    for, so the run is refused and the user chooses `recompute` knowingly.
+    """
+    from thundersync_jax.models import auto
+
+    if config.rollout.engine != "vllm" or str(config.model.routing) != "replay":
+        return
+    if any(auto.layer_pattern(auto.config_from_section(config.model))):
+        raise ValueError(
+            "model.routing='replay' needs the engine's routed experts, and "
+            "rollout.engine='vllm' reports none (vLLM 0.32 returns them only on Model Runner "
+            "V2, which needs Triton): set model.routing='recompute' (the learner routes every "
+            "token itself; routing_disagreement is not reported)"
+        )
 
 
 def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:

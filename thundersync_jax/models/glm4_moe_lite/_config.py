@@ -131,6 +131,12 @@ class Glm4MoeLiteConfig:
         out["mlp_layer_types"] = list(self.mlp_layer_types)
         if isinstance(self.eos_token_id, tuple):
             out["eos_token_id"] = list(self.eos_token_id)
+        dense = (
+            self.sparse_layers.index(True) if any(self.sparse_layers) else len(self.sparse_layers)
+        )
+        if all(self.sparse_layers[dense:]):
+            # vLLM 0.32 builds the layers from DeepSeek's key (transformers 5 ignores it).
+            out["first_k_dense_replace"] = dense
         out.update(
             architectures=["Glm4MoeLiteForCausalLM"],
             hidden_act="silu",
