@@ -1,9 +1,12 @@
 """vLLM's CPU backend serving a tiny Qwen3-MoE: weight loads verified, log-probs equal ours.
 
-vLLM 0.32 on CPU returns no routed experts (Model Runner V2 needs Triton), so a MoE run on the
-vLLM engine must say `model.routing="recompute"`: `replay` is refused at start-up.
+vLLM 0.32 on CPU returns no routed experts (Model Runner V2 needs Triton), so a MoE run on
+vLLM's CPU backend must say `model.routing="recompute"`: `replay` is refused at start-up. On
+GPUs the engine asks vLLM for them (`enable_return_routed_experts`); their conversion is
+checked here on hand-made arrays.
 """
 
+import json
 import os
 
 import jax.numpy as jnp
@@ -15,7 +18,7 @@ from configs import cpu
 from thundersync_jax import train
 from thundersync_jax.losses import token_logprobs
 from thundersync_jax.models import auto, qwen3_moe, sampling
-from thundersync_jax.rollout import engine_cmd, load_probe
+from thundersync_jax.rollout import engine_cmd, load_probe, vllm_engine
 from thundersync_jax.rollout import server as rollout_server
 from thundersync_jax.rollout.manager import EngineManager
 from thundersync_jax.rollout.protocol import GenerateRequest
@@ -108,3 +111,27 @@ def test_routing_replay_on_the_vllm_engine_is_refused():
         train.check(c)
     c.model.routing = "recompute"
     train.check(c)
+
+
+def test_replay_on_gpu_vllm_engines_asks_for_the_routes(tmp_path):
+    from configs import h200
+
+    c = h200.get_config("glm_flash")
+    assert c.rollout.engine == "vllm" and c.model.routing == "replay"
+    engine_cmd.check_engine_config(c)  # GPUs: vLLM returns routes there
+    spec = engine_cmd.rollout_engines(c, auto.config_from_section(c.model), str(tmp_path))
+    args = rollout_server.build_arg_parser().parse_args(["--address", "ipc://x", *spec.server_args])
+    assert json.loads(args.vllm_kwargs)["enable_return_routed_experts"] is True
+
+
+def test_vllm_routed_experts_become_the_moe_layers_routes_of_the_fed_tokens():
+    pattern = (False, True, False, True)  # layers 1 and 3 are MoE
+    routed = np.arange(6 * 4 * 2).reshape(6, 4, 2)  # 6 tokens, every layer reported
+    got = vllm_engine.engine_routes(routed, pattern, fed=5)
+    np.testing.assert_array_equal(got, routed[:5][:, [1, 3]])
+    moe_only = routed[:3, [1, 3]]  # fewer tokens than fed: the rest are the learner's own
+    got = vllm_engine.engine_routes(moe_only, pattern, fed=5)
+    np.testing.assert_array_equal(got[:3], moe_only)
+    assert (got[3:] == -1).all()
+    with pytest.raises(ValueError, match="3 layers"):
+        vllm_engine.engine_routes(routed[:, :3], pattern, fed=5)
