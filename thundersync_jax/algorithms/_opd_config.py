@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from thundersync_jax import accumulators
 from thundersync_jax.algorithms import _opd_trajectories as _trajs
+from thundersync_jax.models import auto
 from thundersync_jax.schedule.config_check import ConfigError
 
 
@@ -19,6 +20,7 @@ def check_config(config) -> None:
         _trajs.check_granularity(config.rl.opd_granularity)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _check_routing(config)
     if accumulators.tally_placement(config) == "host":
         raise ConfigError(
             "accum.placement='host' moves GRPO's per-open-group tallies to host memory; OPD "
@@ -32,4 +34,17 @@ def check_config(config) -> None:
         raise ConfigError(
             "teacher.checkpoint is empty and teacher.sft_steps < 1: give a teacher checkpoint "
             "or train the embedded teacher for >= 1 step"
+        )
+
+
+def _check_routing(config) -> None:
+    """MoE routing replay runs under `trajectory` granularity only: the per-turn segment
+    passes (`turn`, and `auto`, which may pick it) route every token by themselves."""
+    if str(config.model.routing) != "replay" or config.rl.opd_granularity == "trajectory":
+        return
+    if any(auto.layer_pattern(auto.config_from_section(config.model))):
+        raise ConfigError(
+            f"rl.opd_granularity={config.rl.opd_granularity!r} with model.routing='replay': "
+            "the per-turn segments do not replay the engine's routes; use "
+            "rl.opd_granularity='trajectory' (or model.routing='recompute')"
         )

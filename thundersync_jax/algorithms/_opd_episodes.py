@@ -42,6 +42,8 @@ class TurnPayload:
       turn: the turn's index in its episode.
       engine_logprobs: float32 [L], the student engine's log-probs of the masked tokens (NaN
         elsewhere), or None when the engine gave none.
+      routes: MoE policies: int32 [L, M, K], the experts the engine routed each token of the
+        turn's request to (-1 where it reported none: the last sampled token), or None.
     """
 
     tokens: np.ndarray
@@ -50,6 +52,7 @@ class TurnPayload:
     policy_version: int
     turn: int
     engine_logprobs: np.ndarray | None = None
+    routes: np.ndarray | None = None
 
     @classmethod
     def from_turn(
@@ -60,9 +63,11 @@ class TurnPayload:
         policy_version: int,
         turn: int,
         engine_logprobs: Sequence[float] | None = None,
+        routes: np.ndarray | None = None,
     ) -> TurnPayload:
         """From the trajectory so far and the teacher's (and optionally the sampling engine's)
-        log-probs of the turn at `turn_start`."""
+        log-probs of the turn at `turn_start`; `routes` [n, M, K]: the engine's routes of the
+        turn request's fed tokens (n <= the turn's end)."""
         t_lp = np.asarray(teacher_logprobs, np.float32).reshape(-1)
         end = turn_start + len(t_lp)
         prefix = np.asarray(tokens, np.int32)[:end]
@@ -84,7 +89,11 @@ class TurnPayload:
                 )
             engine = np.full(end, np.nan, np.float32)
             engine[turn_start:end] = e_lp
-        return cls(prefix, mask, full_lp, int(policy_version), int(turn), engine)
+        if routes is not None:  # -1: none reported (the learner routes those tokens itself)
+            given = np.asarray(routes, np.int32)[:end]
+            routes = np.full((end, *given.shape[1:]), -1, np.int32)
+            routes[: len(given)] = given
+        return cls(prefix, mask, full_lp, int(policy_version), int(turn), engine, routes)
 
     @property
     def num_tokens(self) -> int:
@@ -129,6 +138,7 @@ def episode_work(service: teacher.TeacherService, timeline) -> EpisodeWork:
                     turn.policy_version,
                     turn.index,
                     engine_logprobs=turn.logprobs,
+                    routes=turn.routes,
                 )
             except Exception as e:  # the teacher failed this turn: the member is lost
                 queued.set_exception(e)

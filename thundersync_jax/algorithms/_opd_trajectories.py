@@ -50,6 +50,9 @@ class OpenTrajectory(NamedTuple):
       teacher_logprobs: float32 [S] log π_T of the scored tokens (trajectory granularity).
       engine_logprobs: float32 [S] the sampling engine's log-probs of the scored tokens (NaN
         where it gave none; trajectory granularity).
+      routes: MoE policies: int32 [S, M, K] the engine's routes of the tokens seen, from the
+        latest turn that reported some (its request covers every earlier token), -1 where
+        none; None when no turn had routes (trajectory granularity replays them).
       next_turn: the turn index folded in next.
       held: turns that arrived before an earlier one, sorted by turn index.
       folded: turns folded in.
@@ -61,6 +64,7 @@ class OpenTrajectory(NamedTuple):
     scored: np.ndarray = np.zeros(0, np.float32)
     teacher_logprobs: np.ndarray = np.zeros(0, np.float32)
     engine_logprobs: np.ndarray = np.zeros(0, np.float32)
+    routes: np.ndarray | None = None
     next_turn: int = 0
     held: tuple = ()
     folded: int = 0
@@ -116,7 +120,12 @@ def extend(traj: OpenTrajectory, payload) -> tuple[OpenTrajectory, np.ndarray, n
     new = tokens[done:]
     engine = getattr(payload, "engine_logprobs", None)
     e_lp = np.full(len(new), np.nan, np.float32) if engine is None else engine[done:]
+    routes = getattr(payload, "routes", None)
+    if routes is None and traj.routes is not None:  # keep the earlier turns' routes
+        routes = np.full((len(tokens), *traj.routes.shape[1:]), -1, np.int32)
+        routes[: len(traj.routes)] = traj.routes
     traj = traj._replace(
+        routes=routes,
         seen=tokens.copy(),
         scored=np.concatenate([traj.scored, mask]),
         teacher_logprobs=np.concatenate([traj.teacher_logprobs, t_lp]),
@@ -200,7 +209,9 @@ class WholeTrajectory:
         tokens, mask, teacher_lp = buckets.pack_sequences(
             [traj.seen], [traj.scored], [traj.teacher_logprobs], pad_id=self.pad_id
         )
-        student_lp = self.logprob_fn(policy.params, tokens, policy.base_params)
+        routes = None if traj.routes is None else traj.routes[None]  # [1, S, M, K]
+        # log π_s for Â from the same (replayed or recomputed) routing as the gradient's
+        student_lp = self.logprob_fn(policy.params, tokens, policy.base_params, routes)
         # Â_t = −(log π_s − log π_T)(o_t): numbers from the learner's forward, no gradient.
         advantage = np.where(mask > 0, teacher_lp - student_lp, 0.0).astype(np.float32)
         h, n, gap = self.score_fn.score_and_gap(
@@ -210,6 +221,7 @@ class WholeTrajectory:
             advantage,
             traj.engine_logprobs[None],  # one row, unpadded: aligned with `tokens`
             base_params=policy.base_params,
+            routes=routes,
         )
         acc = self._add(acc, h, n, max(traj.folded, 1))
         return Folded(acc, n, float(-np.sum(advantage, dtype=np.float64)), gap)

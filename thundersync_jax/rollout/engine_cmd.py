@@ -182,9 +182,35 @@ def check_engine_config(config: Any) -> None:
             "rollout.engine='vllm' loads full weights: set lora.publish='merged' "
             f"(got {config.lora.publish!r})"
         )
+    check_routing(config)
     engine_devices(config, "rollout")
     if config.rl.algorithm == "opd" and config.get("teacher") is not None:
         engine_devices(config, "teacher")
+
+
+def replays_vllm_routes(config: Any) -> bool:
+    """Whether the run replays a MoE policy's routes from vLLM engines (they must return them)."""
+    from thundersync_jax.models import auto
+
+    if config.rollout.engine != "vllm" or str(config.model.routing) != "replay":
+        return False
+    return any(auto.layer_pattern(auto.config_from_section(config.model)))
+
+
+def check_routing(config: Any) -> None:
+    """Refuses routing replay of a MoE policy on vLLM's CPU backend, which returns no routes.
+
+    vLLM 0.32 returns routed experts only from Model Runner V2, which needs Triton: not on its
+    CPU backend. Recomputing instead would silently drop the on-policy guarantee `replay` was
+    asked for, so the run is refused and the user chooses `recompute` knowingly.
+    """
+    if replays_vllm_routes(config) and not engine_devices(config, "rollout")[0].gpus:
+        raise ValueError(
+            "model.routing='replay' needs the engine's routed experts, and vLLM's CPU backend "
+            "(rollout.engine='vllm' without GPUs) reports none (vLLM 0.32 returns them only "
+            "from Model Runner V2, which needs Triton): set model.routing='recompute' (the "
+            "learner routes every token itself; routing_disagreement is not reported)"
+        )
 
 
 def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
@@ -209,6 +235,8 @@ def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
         if not places[0].gpus:  # vLLM's CPU backend: a small KV cache, no graph capture
             vllm_kwargs.setdefault("enforce_eager", True)
             kwargs["memory_fraction"] = float(ro.cpu_memory_fraction)
+        elif replays_vllm_routes(config):  # each result then carries its tokens' routes
+            vllm_kwargs.setdefault("enable_return_routed_experts", True)
         args = rollout_server.server_args(
             None, checkpoint=checkpoint, vllm_kwargs=vllm_kwargs, **kwargs
         )

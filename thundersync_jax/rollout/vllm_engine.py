@@ -23,6 +23,11 @@ Sampling: vLLM draws with its own per-request generator seeded from the request'
 same tokens again; they are not token-identical to the embedded sampler. Log-probs are vLLM's
 "processed" ones: of the tempered / top-p distribution the token was drawn from, which is what
 the embedded engine returns and what the learner scores.
+
+Routes (MoE policies, `model.routing="replay"`): on GPUs the engine is started with
+`enable_return_routed_experts` (engine_cmd) and each result carries its fed tokens' experts
+(`engine_routes`). vLLM 0.32's CPU backend cannot return them (Model Runner V2 needs Triton):
+a replay run on it is refused at start-up (`engine_cmd.check_routing`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,35 @@ def request_seed(request: GenerateRequest) -> int:
     """A 63-bit vLLM seed from (seed, step, prompt, member, turn): arrival order plays no part."""
     blob = json.dumps([list(request.key_ids), request.turn]).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 1
+
+
+def _sparse_layers(hf_config: dict) -> tuple[bool, ...]:
+    from thundersync_jax.models import auto
+
+    return auto.layer_pattern(auto.config_from_hf(hf_config))
+
+
+def engine_routes(routed: Any, sparse_layers: Sequence[bool], fed: int) -> np.ndarray:
+    """vLLM's `routed_experts` [n, layers, K] as protocol routes [fed, M, K] (M MoE layers).
+
+    vLLM may report every decoder layer (dense ones then dropped) or the MoE layers only, and
+    n tokens around the `fed` ones the request fed (prompt + sampled - 1): extra rows are cut,
+    missing ones are -1 (the learner routes those tokens itself). Any other layout raises: a
+    wrong layout replayed would be a wrong policy, silently.
+    """
+    routes = np.asarray(routed, np.int32)
+    if routes.ndim != 3:
+        raise ValueError(f"vLLM routed_experts {routes.shape}: expected [tokens, layers, top_k]")
+    if routes.shape[1] == len(sparse_layers) and routes.shape[1] != sum(sparse_layers):
+        routes = routes[:, np.asarray(sparse_layers, bool)]
+    if routes.shape[1] != sum(sparse_layers):
+        raise ValueError(
+            f"vLLM routed_experts {routes.shape}: {routes.shape[1]} layers, the model has "
+            f"{len(sparse_layers)} of which {sum(sparse_layers)} MoE"
+        )
+    out = np.full((fed, *routes.shape[1:]), -1, np.int32)
+    out[: min(fed, len(routes))] = routes[:fed]
+    return out
 
 
 class VLLMBackend:
@@ -132,7 +166,13 @@ class VLLMBackend:
             float(step[tok].logprob) for tok, step in zip(tokens, completion.logprobs, strict=True)
         ]
         reason = protocol.FINISH_STOP if completion.finish_reason == "stop" else "length"
-        finished.append(GenerateResult(out.request_id, tokens, logprobs, reason, self.version))
+        routes = getattr(completion, "routed_experts", None)  # with enable_return_routed_experts
+        if routes is not None:
+            fed = len(out.prompt_token_ids) + len(tokens) - 1
+            routes = engine_routes(routes, _sparse_layers(self.hf_config), fed)
+        finished.append(
+            GenerateResult(out.request_id, tokens, logprobs, reason, self.version, routes=routes)
+        )
 
     def fail_all(self, reason: str) -> list[GenerateResult]:
         ids = sorted(self._active)

@@ -98,6 +98,30 @@ def refresh_tied_head(model: Any) -> bool:
     return True
 
 
+def rebuild_cpu_moe_kernels(model: Any) -> int:
+    """CPU backend: drops every fused-MoE layer's kernel so the next reload rebuilds it; the count.
+
+    vLLM 0.32's unquantized MoE method treats a second `process_weights_after_loading` as a
+    weight update (`moe_kernel` already set) and then skips the experts' own post-load step,
+    which on CPU is the grouped-GEMM prepack: the reloaded weights land unpacked in the packed
+    tensors (measured on a tiny Qwen3-MoE: the load probe off by 0.88 nats). With no kernel,
+    the reload takes the first-load path (convert, pad, prepack, new kernel), whose result is
+    copied into the tensors the engine reads. GPU backends are left alone (their update path
+    keeps the captured CUDA-graph addresses).
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if getattr(method, "moe_kernel", None) is not None and hasattr(method, "_init_moe_kernel"):
+            method.moe_kernel = None
+            count += 1
+    return count
+
+
 class SnapshotWorkerExtension:
     """Mixed into every vLLM worker (LLM(worker_extension_cls=EXTENSION_CLS)); runs there."""
 
@@ -110,11 +134,12 @@ class SnapshotWorkerExtension:
         state = snapshot_to_hf_state_dict(path, version, cfg)
         weights = ((name, to_torch(array)) for name, array in state.items())
         runner = self.model_runner
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        rebuild_cpu_moe_kernels(model)
         with torch.no_grad():
             # The in-place reload re-runs each layer's post-load processing (kernel layouts,
             # CPU weight packing) and copies the result into the tensors the engine uses.
             runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-            model = runner.get_model() if hasattr(runner, "get_model") else runner.model
             if cfg.tie_word_embeddings:
                 refresh_tied_head(model)
         return int(version)

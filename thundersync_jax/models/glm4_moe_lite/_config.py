@@ -6,12 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from thundersync_jax.models import moe
+from thundersync_jax.models import hf_config, moe
 
-RUNTIME_KEYS = (
-    "checkpoint", "dtype", "param_dtype", "remat", "routing",
-    "remat_offload", "attention_impl", "attention_block", "logits_tile",
-)  # fmt: skip
 _DERIVED_KEYS = ("qk_head_dim", "head_dim", "num_local_experts")
 
 
@@ -112,35 +108,23 @@ class Glm4MoeLiteConfig:
             raise ValueError(f"model_type={hf.get('model_type')!r} is not 'glm4_moe_lite'")
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError("only hidden_act='silu' is supported")
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        if (
-            rope.get("rope_type", rope.get("type", "default")) != "default"
-            or rope.get("partial_rotary_factor", 1.0) != 1.0
-        ):
-            raise ValueError(f"rope {rope} is not supported: only the default RoPE")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in hf.items() if k in fields}
-        kw["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        kw = hf_config.known_fields(cls, hf)
+        kw["rope_theta"] = hf_config.default_rope_theta(hf, check_partial=True)
         if kw.get("mlp_layer_types") is not None:
             kw["mlp_layer_types"] = tuple(kw["mlp_layer_types"])
         return cls(**kw)
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json transformers' Glm4MoeLiteForCausalLM (and vLLM) loads."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["mlp_layer_types"] = list(self.mlp_layer_types)
-        if isinstance(self.eos_token_id, tuple):
-            out["eos_token_id"] = list(self.eos_token_id)
-        out.update(
-            architectures=["Glm4MoeLiteForCausalLM"],
-            hidden_act="silu",
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-        )
+        out = hf_config.hf_dict(self, "Glm4MoeLiteForCausalLM")
+        sparse = self.sparse_layers
+        dense = sparse.index(True) if any(sparse) else len(sparse)
+        if all(sparse[dense:]):
+            # vLLM 0.32 builds the layers from DeepSeek's key (transformers 5 ignores it).
+            out["first_k_dense_replace"] = dense
         return out
 
     @classmethod
     def from_config_dict(cls, section: Any) -> Glm4MoeLiteConfig:
         """From the `model` section of a run config (run-time keys ignored)."""
-        as_dict = section.to_dict() if hasattr(section, "to_dict") else dict(section)
-        drop = RUNTIME_KEYS + _DERIVED_KEYS
-        return cls.from_hf({k: v for k, v in as_dict.items() if k not in drop})
+        return hf_config.from_section(cls, section, _DERIVED_KEYS)

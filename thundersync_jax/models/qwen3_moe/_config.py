@@ -6,13 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from thundersync_jax.models import moe
-
-# Run-time keys of the config's `model` section that are not architecture.
-RUNTIME_KEYS = (
-    "checkpoint", "dtype", "param_dtype", "remat", "routing",
-    "remat_offload", "attention_impl", "attention_block", "logits_tile",
-)  # fmt: skip
+from thundersync_jax.models import hf_config, moe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,36 +83,22 @@ class Qwen3MoeConfig:
             raise ValueError(f"model_type={hf.get('model_type')!r} is not 'qwen3_moe'")
         if hf.get("hidden_act", "silu") != "silu" or hf.get("use_sliding_window", False):
             raise ValueError("only hidden_act='silu' and full attention are supported")
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"rope {rope} is not supported: only the default RoPE")
         heads = hf["num_attention_heads"]
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in hf.items() if k in fields}
+        kw = hf_config.known_fields(cls, hf)
         kw["num_experts"] = hf.get("num_experts", hf.get("num_local_experts"))
         kw["head_dim"] = hf.get("head_dim") or hf["hidden_size"] // heads
         kw["num_key_value_heads"] = hf.get("num_key_value_heads") or heads
-        kw["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        kw["rope_theta"] = hf_config.default_rope_theta(hf)
         kw["mlp_only_layers"] = tuple(hf.get("mlp_only_layers") or ())
         return cls(**kw)
 
     def to_hf(self) -> dict[str, Any]:
         """The config.json transformers' Qwen3MoeForCausalLM (and vLLM) loads."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["mlp_only_layers"] = list(self.mlp_only_layers)
-        if isinstance(self.eos_token_id, tuple):
-            out["eos_token_id"] = list(self.eos_token_id)
-        out.update(
-            architectures=["Qwen3MoeForCausalLM"],
-            hidden_act="silu",
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            use_sliding_window=False,
-            sliding_window=None,
+        return hf_config.hf_dict(
+            self, "Qwen3MoeForCausalLM", use_sliding_window=False, sliding_window=None
         )
-        return out
 
     @classmethod
     def from_config_dict(cls, section: Any) -> Qwen3MoeConfig:
         """From the `model` section of a run config (run-time keys ignored)."""
-        as_dict = section.to_dict() if hasattr(section, "to_dict") else dict(section)
-        return cls.from_hf({k: v for k, v in as_dict.items() if k not in RUNTIME_KEYS})
+        return hf_config.from_section(cls, section)
