@@ -54,6 +54,7 @@ HEAVY_GROUPS = {  # each group's modules run in this order (longest critical pat
         "tests/learner/checkpoint_multiprocess_test.py",
         "tests/learner/replicas_test.py",
         "tests/rollout/vllm_cpu_test.py",
+        "tests/rollout/vllm_moe_test.py",
     ),
 }
 _GROUP_OF = {path: group for group, paths in HEAVY_GROUPS.items() for path in paths}
