@@ -115,27 +115,10 @@ def node_config(gpu: str, gpu_memory_gb: float, variant: str) -> ml_collections.
     c.eval.update(every_steps=10, dataset="", num_tasks=500, k=3, temperature=1.0)
     c.eval.target = 0.7401  # the paper's pass@3 on SWE-bench Verified
     c.learner.seq_buckets = LONG_BUCKETS
-    c.node = ml_collections.ConfigDict(
-        dict(
-            gpu=gpu,
-            num_gpus=8,
-            gpu_memory_gb=gpu_memory_gb,
-            memory_headroom=0.9,  # left to the XLA / CUDA runtime and fragmentation
-            # System memory of the node (DGX B200 and DGX H200: 2 TB); 5% (102 GB) is left to
-            # the OS, the engine processes and page cache. Host-resident tallies live here.
-            host_memory_gb=2048.0,
-            host_memory_headroom=0.95,
-            rollout_gpus=4,
-            rollout_tp=4,  # one engine, tensor parallel over the rollout GPUs
-            learner_gpus=4,
-            chunk_rows=1,  # rows per score-gradient chunk at the longest bucket
-            # Engine placement (rollout/engine_cmd.py): rollout GPUs first, then teacher GPUs,
-            # then the learner's; each engine takes this fraction of each of its GPUs.
-            rollout_memory_fraction=0.9,
-            teacher_gpus=0,
-            teacher_tp=1,
-        )
-    )
+    # DGX B200 and DGX H200: 2 TB of system memory, 5% (102 GB) of it left to the OS, the
+    # engine processes and page cache; host-resident tallies live in the rest. One rollout
+    # engine, tensor parallel over the 4 rollout GPUs; the learner on the other 4.
+    c.node = common.gpu_node(gpu=gpu, gpu_memory_gb=gpu_memory_gb, host_memory_gb=2048.0)
     c.mesh.fsdp, c.mesh.tp = 1, 4
     if variant == "lora":
         c.lora.enabled = True

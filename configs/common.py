@@ -44,6 +44,33 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
     )
 
 
+def gpu_node(**values) -> ml_collections.ConfigDict:
+    """A GPU node's layout (`config.node`, the GPU recipes'): these defaults, then `values`.
+
+    CPU configs have no `node` section (nothing is placed on GPUs).
+    """
+    c = ml_collections.ConfigDict(
+        dict(
+            gpu="",  # the GPU model's name (B200, H200), for the figures and the reports
+            num_gpus=8,  # GPUs of the node
+            gpu_memory_gb=0.0,  # memory of one GPU
+            memory_headroom=0.9,  # fraction of a GPU the learner may plan for (rest: runtime)
+            host_memory_gb=0.0,  # system memory of the node for host tallies (0 = none planned)
+            host_memory_headroom=0.95,  # fraction of host memory the tallies may use
+            rollout_gpus=4,  # GPUs of the rollout engines (first in the node's order)
+            rollout_tp=4,  # tensor-parallel size of one rollout engine
+            learner_gpus=4,  # GPUs of the learner (after the rollout and teacher GPUs)
+            chunk_rows=1,  # rows per score-gradient chunk at the longest bucket
+            rollout_memory_fraction=0.9,  # fraction of each of its GPUs a rollout engine takes
+            teacher_gpus=0,  # GPUs of OPD's teacher engines (after the rollout GPUs)
+            teacher_tp=1,  # tensor-parallel size of one teacher engine
+            teacher_memory_fraction=0.0,  # as rollout_memory_fraction (0 = the same)
+        )
+    )
+    c.update(values)
+    return c
+
+
 def get_base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0  # seeds the warm start, the parameters and every sampling key

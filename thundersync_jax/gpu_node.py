@@ -30,10 +30,10 @@ def node_gpus(config: Any) -> dict[str, range] | None:
     `learner_env` makes visible to the learner process.
     """
     node = config.get("node")
-    if node is None or int(node.get("num_gpus", 0)) == 0:
+    if node is None or int(node.num_gpus) == 0:
         return None
     total, rollout = int(node.num_gpus), int(node.rollout_gpus)
-    teacher, learner = int(node.get("teacher_gpus", 0)), int(node.learner_gpus)
+    teacher, learner = int(node.teacher_gpus), int(node.learner_gpus)
     if min(rollout, teacher, learner) < 0 or rollout + teacher + learner > total:
         raise ValueError(
             f"node: rollout_gpus {rollout} + teacher_gpus {teacher} + learner_gpus {learner} "
@@ -65,7 +65,7 @@ def backends_started() -> bool:
 
 def _gpu_node(config: Any):
     node = config.get("node")
-    if node is None or int(node.get("num_gpus", 0)) == 0:
+    if node is None or int(node.num_gpus) == 0:
         return None
     return node
 

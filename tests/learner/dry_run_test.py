@@ -4,10 +4,9 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
-from configs import cpu
+from configs import common, cpu
 from thundersync_jax.learner import dry_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -16,17 +15,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _tiny_with_node(gpu_memory_gb):
     c = cpu.get_config("smoke")
     c.mesh.fsdp, c.mesh.tp = 4, 2
-    c.node = ml_collections.ConfigDict(
-        dict(
-            gpu="test",
-            num_gpus=8,
-            gpu_memory_gb=gpu_memory_gb,
-            memory_headroom=0.9,
-            rollout_gpus=0,
-            rollout_tp=1,
-            learner_gpus=8,
-            chunk_rows=1,
-        )
+    c.node = common.gpu_node(
+        gpu="test",
+        num_gpus=8,
+        gpu_memory_gb=gpu_memory_gb,
+        rollout_gpus=0,
+        rollout_tp=1,
+        learner_gpus=8,
     )
     return c
 

@@ -1,7 +1,6 @@
 """Memory planner: the GPU configs fit, and its counts match the real model, sharding and LoRA."""
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -50,17 +49,14 @@ def _tiny_config(fsdp, tp, lora_enabled=False):
     c.lora.enabled, c.lora.rank = lora_enabled, 3
     c.rl.max_open_groups = 3
     c.rollout.max_traj_tokens = 100
-    c.node = ml_collections.ConfigDict(
-        dict(
-            gpu="cpu",
-            num_gpus=8,
-            gpu_memory_gb=1.0,
-            memory_headroom=1.0,
-            rollout_gpus=8 - fsdp * tp,
-            rollout_tp=1,
-            learner_gpus=fsdp * tp,
-            chunk_rows=1,
-        )
+    c.node = common.gpu_node(
+        gpu="cpu",
+        num_gpus=8,
+        gpu_memory_gb=1.0,
+        memory_headroom=1.0,
+        rollout_gpus=8 - fsdp * tp,
+        rollout_tp=1,
+        learner_gpus=fsdp * tp,
     )
     return c
 

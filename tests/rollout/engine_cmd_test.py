@@ -172,6 +172,6 @@ def test_a_bad_teacher_placement_fails_the_start_up_check():
     ):
         train.check(config)
     config = _opd_on_a_gpu_node()
-    config.node.teacher_memory_fraction = 0.0
+    config.node.teacher_memory_fraction = 1.5  # (0 = the rollout engines' fraction)
     with pytest.raises(ValueError, match="node.teacher_memory_fraction must lie in"):
         engine_cmd.engine_devices(config, "teacher")

@@ -95,7 +95,7 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 
 def _chunk_shape(config: Any, mesh) -> tuple[int, int]:
     node = config.get("node")
-    rows = buckets.bucket_rows(int(node.get("chunk_rows", 1)) if node is not None else 1)
+    rows = buckets.bucket_rows(int(node.chunk_rows) if node is not None else 1)
     rows += -rows % int(mesh.shape["fsdp"])  # as `chunks.place_rows` pads them
     length = buckets.bucket_length(int(config.rollout.max_traj_tokens), config.learner.seq_buckets)
     return rows, length

@@ -266,9 +266,9 @@ def segment_cache_bytes(model_config: Any, capacity: int) -> int:
 
 
 def _host_capacity(node: Any) -> int | None:
-    if not node.get("host_memory_gb"):
+    if not float(node.host_memory_gb):
         return None
-    return int(float(node.host_memory_gb) * GB * float(node.get("host_memory_headroom", 0.9)))
+    return int(float(node.host_memory_gb) * GB * float(node.host_memory_headroom))
 
 
 def plan(config: Any) -> MemoryPlan:
@@ -301,7 +301,7 @@ def plan(config: Any) -> MemoryPlan:
     )
     activations = activation_bytes(
         config.model,
-        int(node.get("chunk_rows", 1)),
+        int(node.chunk_rows),
         chunk_tokens,
         int(config.mesh.tp),
         bool(config.model.remat),
@@ -329,7 +329,7 @@ def plan(config: Any) -> MemoryPlan:
         host_snapshot=total * 2,
         host_capacity=_host_capacity(node),
         host_activations=learner_devices
-        * layer_inputs_bytes(config.model, int(node.get("chunk_rows", 1)), chunk_tokens)
+        * layer_inputs_bytes(config.model, int(node.chunk_rows), chunk_tokens)
         if config.model.remat and config.model.remat_offload
         else 0,
     )

@@ -107,7 +107,7 @@ def engine_devices(config: Any, role: str = "rollout") -> list[EngineDevices]:
         return [EngineDevices((), 1, 0.9)] * num
     node = config.node
     first, gpus = owned[role].start, len(owned[role])
-    tp = int(node.rollout_tp) if role == "rollout" else int(node.get("teacher_tp", 1))
+    tp = int(node.rollout_tp) if role == "rollout" else int(node.teacher_tp)
     if tp < 1 or num * tp != gpus:
         raise ValueError(
             f"node: {num} {role} engine(s) x tensor parallel {tp} must use exactly the "
@@ -117,7 +117,7 @@ def engine_devices(config: Any, role: str = "rollout") -> list[EngineDevices]:
     jax_on_gpu = role == "teacher" or config.rollout.engine == "embedded"
     if role == "teacher":
         fraction = _check_fraction(
-            "node.teacher_memory_fraction", node.get("teacher_memory_fraction", fraction)
+            "node.teacher_memory_fraction", float(node.teacher_memory_fraction) or fraction
         )
     if jax_on_gpu and tp != 1:
         raise ValueError(
