@@ -212,6 +212,45 @@ def warm_start():
     return make
 
 
+@pytest.fixture(scope="session")
+def shared_run(warm_start):
+    """Factory: `shared_run(family)` -> the workdir of that family's smoke config trained for
+    2 steps under `stream` from the session's warm start (`shared_run_config`).
+
+    Several modules compare against exactly this run (tests/train_test.py's stream schedule,
+    tests/train_multiprocess_test.py's one-process reference): it runs once per session, in
+    whichever worker asks first, under a file lock; the others read its files.
+    """
+    import fcntl
+
+    root = os.environ["TSJ_TEST_SFT_CACHE"]
+
+    def make(family: str) -> str:
+        warm_start(family)
+        workdir = os.path.join(root, f"stream-{family}")
+        with open(os.path.join(root, f".stream-{family}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
+                from thundersync_jax import train
+
+                train.run(shared_run_config(family, root), workdir)
+        return workdir
+
+    return make
+
+
+SHARED_RUN_STEPS = 2
+
+
+def shared_run_config(family: str, root: str):
+    """The `shared_run` config: the warm start's, `stream`, 2 steps, a checkpoint each step."""
+    c = _warm_start_config(family, root)
+    c.schedule = "stream"
+    c.num_steps = SHARED_RUN_STEPS
+    c.checkpoint.every = 1
+    return c
+
+
 def _warm_start_config(family: str, root: str):
     from configs import cpu, terminal_opd_cpu
 

@@ -80,13 +80,13 @@ def _rewards(workdir):
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def runs(request, tmp_path_factory, warm_start):
+def runs(request, tmp_path_factory, warm_start, shared_run):
     """(algo, base, {"init", "one", "two": workdir}, kill); "init": the session's warm start,
-    "two": the 2-process run, killed in step 2 and resumed (`kill`: what the kill did)."""
+    "one": the session's one-process stream run of this config (conftest `shared_run`, also
+    tests/train_test.py's stream schedule), "two": the 2-process run, killed in step 2 and
+    resumed (`kill`: what the kill did)."""
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
-    wd = {name: str(base / name) for name in ("one", "two")}
-    wd["init"] = warm_start(algo)  # exported; the runs below find it in the SFT cache
-    _run(_command(algo, wd["one"], base, 1))
+    wd = {"init": warm_start(algo), "one": shared_run(algo), "two": str(base / "two")}
     kill = _killed_in_step_two_then_resumed(_command(algo, wd["two"], base, 2), wd["two"])
     return algo, base, wd, kill
 

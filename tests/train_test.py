@@ -13,6 +13,7 @@ The warm starts (and OPD's teacher) are the session's (conftest `warm_start`,
 TSJ_TEST_SFT_CACHE): the SFT cache is keyed by config and data, so a hit is the same model.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -103,20 +104,41 @@ def _assert_exact_engine_logprobs(wd):
             assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
 
 
-def _run_every_schedule(make_config, base, init, schedules=("sync", "group", "stream", "async")):
-    """{"init": the warm start exported (the session's, conftest `warm_start`), schedule:
-    workdir after STEPS steps}."""
-    out = {"init": init}
+def _run_every_schedule(make_config, base, init, stream, schedules=("sync", "group", "async")):
+    """{"init": the warm start exported (the session's, conftest `warm_start`), "stream": the
+    session's shared stream run (conftest `shared_run`, the same config), schedule: workdir
+    after STEPS steps}."""
+    out = {"init": init, "stream": stream}
+    _assert_same_config(make_config("stream", STEPS, base), stream)
     for schedule in schedules:
         out[schedule] = str(base / schedule)
         train.run(make_config(schedule, STEPS, base), out[schedule])
     return out
 
 
+# Where the shared run may differ from this module's own stream config: paths and outputs.
+_NOT_COMPARED = {("sft", "cache_dir"), ("rollout", "snapshot_root"), ("metrics", "tensorboard"),
+                 ("checkpoint", "every")}  # fmt: skip
+
+
+def _assert_same_config(config, workdir):
+    """The shared run (its config.json) is this module's stream config but for _NOT_COMPARED."""
+    with open(os.path.join(workdir, "config.json")) as f:
+        theirs = json.load(f)
+    ours = json.loads(config.to_json_best_effort())
+    for section, keys in ours.items():
+        for key, value in keys.items() if isinstance(keys, dict) else [(None, keys)]:
+            if (section, key) in _NOT_COMPARED:
+                continue
+            got = theirs[section] if key is None else theirs[section][key]
+            assert got == value, (section, key, got, value)
+
+
 @pytest.fixture(scope="module")
-def grpo_runs(tmp_path_factory, warm_start):
+def grpo_runs(tmp_path_factory, warm_start, shared_run):
     base = tmp_path_factory.mktemp("grpo")
-    return base, _run_every_schedule(_grpo_config, base, warm_start("grpo"))
+    runs = _run_every_schedule(_grpo_config, base, warm_start("grpo"), shared_run("grpo"))
+    return base, runs
 
 
 def test_grpo_schedules_reach_the_same_parameters_on_a_pure_pg_update(grpo_runs):
@@ -212,10 +234,12 @@ def _opd_config(schedule, steps, base):
 
 
 @pytest.fixture(scope="module")
-def opd_runs(tmp_path_factory, warm_start):
+def opd_runs(tmp_path_factory, warm_start, shared_run):
     # group is left to tests/algorithms/opd_test.py (the same planner path, no engines)
     base = tmp_path_factory.mktemp("opd")
-    runs = _run_every_schedule(_opd_config, base, warm_start("opd"), ("sync", "stream", "async"))
+    runs = _run_every_schedule(
+        _opd_config, base, warm_start("opd"), shared_run("opd"), ("sync", "async")
+    )
     # One gradient per trajectory when it ends, instead of per-turn segments (the default).
     c = _opd_config("stream", STEPS, base)
     c.rl.opd_granularity = "trajectory"
