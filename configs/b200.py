@@ -18,7 +18,9 @@ harness's names in the same store): `eval_pass@1`, `eval_pass@3`, and `time_to_t
 
 Model: Qwen3-32B's attention and width (hidden 5120, 64 layers, 64 query / 8 key-value heads
 of 128, vocabulary 151936, untied head) with an MLP of 19456: 26.7B parameters (Qwen3-32B's
-25600 would be 32.8B, too large for full fine-tuning on half an H200 node); bf16, remat.
+25600 would be 32.8B, too large for full fine-tuning on half an H200 node); bf16, remat, the
+64 layers under one `lax.scan` (`model.scan_layers`: one compiled layer body; the forward
+stacks a copy of the layer weights and the backward a stacked gradient, 2 x 12.6 GB per GPU).
 Point `--config.model.checkpoint=DIR` at an HF Qwen3 directory to start from real weights: its
 config.json sets the architecture, its tokenizer (and chat template) replaces the byte tokenizer
 (`tokenizer.kind="auto"`), the weights are read shard by shard onto the learner mesh in
@@ -26,7 +28,7 @@ config.json sets the architecture, its tokenizer (and chat template) replaces th
 
 Check a recipe without GPUs (compiles the score-gradient chunk and the optimizer update at
 these shapes and shardings on fake CPU devices, from abstract params; prints the planner's
-per-device GB; exit 0 when it fits; ~2.5 CPU-min per variant, see BENCHMARKS.md "Scale-out"):
+per-device GB; exit 0 when it fits; BENCHMARKS.md "Long sequences" has the compile times):
 
     python -m experiments.swe_grpo --config=configs/b200.py:full --dry_run
 
@@ -49,7 +51,8 @@ gradient streaming overlaps the learner's backward passes with the rollouts.
         `--config.accum.placement=device --config.schedule=group` is the all-on-GPU fallback
         (no open groups: a group's backward passes start once its rewards are in).
 Expect (`python -m thundersync_jax.learner.memory --config=configs/b200.py[:full]` prints the
-table): lora ≈ 92 GB and full ≈ 134 GB of the 162 GB usable per learner GPU; full ≈ 1.83 TB
+table): lora ≈ 117 GB and full ≈ 159 GB of the 162 GB usable per learner GPU (each with the
+25 GB of scanned-layer copies); full ≈ 1.83 TB
 of the 1.95 TB of host memory budgeted per learner process.
 Step time depends on rollout length; the learner is idle for less than the rollout tail.
 """
@@ -88,6 +91,9 @@ def qwen3_27b_model() -> ml_collections.ConfigDict:
         dtype="bfloat16",
         param_dtype="bfloat16",
         remat=True,
+        # One compiled layer body instead of 64 (minutes of compile); costs a stacked copy of
+        # the layer weights and their gradient per step (the planner's "scanned layers" row).
+        scan_layers=True,
     )
     return model
 

@@ -34,6 +34,10 @@ def tiny_qwen3_model() -> ml_collections.ConfigDict:
             # With remat: keep each layer's input in pinned host memory, not on the device
             # (GPU; on CPU the model keeps them on the device).
             remat_offload=False,
+            # Dense Qwen3: the decoder layers as one lax.scan (one compiled layer body; a
+            # stacked copy of the layer weights and their gradients per step, see
+            # models/qwen3/_depth.py). The MoE decoder has no scanned path.
+            scan_layers=False,
             # models.attention impl: auto (cuDNN on GPU where it applies, else blockwise;
             # naive below one block pair) | naive (materializes [T, S]) | blockwise | cudnn.
             attention_impl="auto",

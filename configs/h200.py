@@ -6,13 +6,16 @@
 Same model and RL settings as configs/b200.py (26.7B parameters, bf16, per-layer remat);
 only the memory budget differs (127 GB usable per GPU after 10% runtime headroom).
   lora: 4 rollout GPUs (one engine, tensor parallel 4) + 4 learner GPUs (mesh fsdp=1 x tp=4),
-        stream schedule with up to 8 open groups, chunks up to 64k tokens (~92 GB per GPU).
+        stream schedule with up to 8 open groups, chunks up to 64k tokens (~117 GB per GPU
+        with the scanned layers' 25 GB of stacked copies, configs/b200.py).
   full: 3 rollout GPUs (three engines, one GPU each: 53 GB of bf16 weights leave ~70 GB of KV
         cache) + 5 learner GPUs (mesh fsdp=5 x tp=1; 5 divides every "embed" dim). bf16
         params, one f32 gradient, one global f32 tally and f32 Adam moments of 26.7B params
         are 96 GB per learner GPU, so there is no room for open-group tallies (group
         schedule); chunks up to 32k tokens (~22 GB of activations, the 64 layer inputs in
-        host memory: `model.remat_offload`), ~118 GB per GPU.
+        host memory: `model.remat_offload`), ~118 GB per GPU. Its layers stay unrolled
+        (`model.scan_layers=False`): the scan's stacked copies (+20 GB) would not fit, so its
+        dry run compiles 64 layer bodies (minutes).
 Print the plan with `python -m thundersync_jax.learner.memory --config=configs/h200.py:full`;
 compile the learner at these shapes on fake CPU devices (nothing allocated) with
 `python -m experiments.swe_grpo --config=configs/h200.py:full --dry_run`.
@@ -104,4 +107,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.learner.seq_buckets = tuple(b for b in b200.LONG_BUCKETS if b <= 32768)
     # The 64 layer inputs of a 32,768-token chunk (21 GB per GPU) wait in host memory.
     c.model.remat_offload = True
+    # Unrolled: the scanned layers' stacked copy of the weights and their gradient (+20 GB per
+    # GPU) would not fit beside everything this recipe keeps on the device (138 of 127 GB).
+    c.model.scan_layers = False
     return c

@@ -199,7 +199,8 @@ def report(config: Any) -> tuple[str, bool]:
         f"dry run: mesh fsdp={config.mesh.fsdp} x tp={config.mesh.tp} over the first "
         f"{int(config.mesh.fsdp) * int(config.mesh.tp)} of {len(jax.devices())} fake CPU devices, "
         f"model.param_dtype={config.model.param_dtype}, dtype={config.model.dtype}, "
-        f"remat={bool(config.model.remat)}, lora={bool(config.lora.enabled)}",
+        f"remat={bool(config.model.remat)}, scan_layers={bool(config.model.scan_layers)}, "
+        f"lora={bool(config.lora.enabled)}",
         "",
         "| compiled program (XLA CPU, per device) | arguments GB | outputs GB | temps GB | "
         "compile s |",

@@ -10,6 +10,9 @@ Counts, per learner device:
   staging      host placement only: the chunk's increment w·h (float32, trainable-sized), made
                on the device and copied to host memory while h may still be alive;
   lora_merged  LoRA only: the merged copy of the targeted weights the forward reads;
+  scan_copies  `model.scan_layers`: the scanned forward's stacked copy of the decoder layers'
+               weights and the backward's stacked [L, ...] gradient of them (param dtype; for
+               LoRA the merged weights' gradient), 2 x the layer params per device;
   activations  one chunk's forward+backward working set (estimate, see `activation_bytes`);
   segments     OPD at `turn` granularity: every open trajectory's learner KV cache (cache
                dtype) and its K/V cotangent buffers (float32), at the capacity of the longest
@@ -56,8 +59,8 @@ class MemoryPlan:
     """Per-device bytes of one learner device, and what one rollout device holds.
 
     Attributes:
-      params, grads, optimizer, tallies, lora_merged, activations, segments: bytes per learner
-        device.
+      params, grads, optimizer, tallies, lora_merged, activations, segments, scan_copies: bytes
+        per learner device.
       staging: bytes per learner device of the w·h copied to host (host placement; else 0).
       capacity: usable bytes per device (gpu_memory_gb · memory_headroom).
       num_params: model parameters; trainable_params: what gradients cover (adapters for LoRA).
@@ -85,6 +88,7 @@ class MemoryPlan:
     chunk_tokens: int
     rollout_weights: int
     segments: int = 0
+    scan_copies: int = 0
     open_trajectories: int = 0
     placement: str = "device"
     staging: int = 0
@@ -112,6 +116,7 @@ class MemoryPlan:
             + self.lora_merged
             + self.activations
             + self.segments
+            + self.scan_copies
         )
 
     @property
@@ -130,6 +135,7 @@ class MemoryPlan:
             ("lora merged weights", self.lora_merged),
             (f"activations ({self.chunk_tokens} tokens)", self.activations),
             (f"segment caches ({self.open_trajectories} trajectories)", self.segments),
+            ("scanned layers: stacked weights + gradient", self.scan_copies),
             ("total learner", self.total),
             ("capacity", self.capacity),
             ("rollout weights", self.rollout_weights),
@@ -182,7 +188,8 @@ def _shard_ways(spec, mesh_shape: dict[str, int]) -> int:
 
 
 def param_shard_elements(config: Any) -> tuple[int, int, int]:
-    """(total params, params per device, targeted-by-LoRA params per device) under the rules."""
+    """(total params, params per device, targeted-by-LoRA params per device, decoder-layer
+    params per device) under the rules."""
     # Decoder layers of one kind (dense, or MoE) are identical, so one layer of each kind
     # stands for all of them: tracing the init of a 64-layer model costs seconds to minutes,
     # one layer costs milliseconds.
@@ -193,7 +200,7 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
     mesh = types.SimpleNamespace(shape=mesh_shape)
     specs = sharding.param_specs(abstract, sharding.rules_from_config(config.mesh), mesh)
     targets = tuple(config.lora.targets)
-    total = per_device = targeted = 0
+    total = per_device = targeted = in_layers = 0
     flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     flat_params = jax.tree_util.tree_leaves_with_path(abstract)
     for (keypath, leaf), spec in zip(flat_params, flat_specs, strict=True):
@@ -205,7 +212,9 @@ def param_shard_elements(config: Any) -> tuple[int, int, int]:
         per_device += local
         if leaf.ndim >= 2 and any(p in targets for p in path):
             targeted += local
-    return total, per_device, targeted
+        if path[0] == "layers":
+            in_layers += local
+    return total, per_device, targeted, in_layers
 
 
 def lora_params(model_config: Any, rank: int, targets: tuple[str, ...]) -> int:
@@ -285,7 +294,7 @@ def plan(config: Any) -> MemoryPlan:
             f"rollout_gpus={node.rollout_gpus} + learner_gpus={node.learner_gpus} exceed "
             f"num_gpus={node.num_gpus}"
         )
-    total, params_local, targeted_local = param_shard_elements(config)
+    total, params_local, targeted_local, layers_local = param_shard_elements(config)
     param_bytes = _dtype_bytes(config.model.param_dtype)
     if config.lora.enabled:
         trainable = lora_params(config.model, int(config.lora.rank), tuple(config.lora.targets))
@@ -320,6 +329,7 @@ def plan(config: Any) -> MemoryPlan:
         chunk_tokens=chunk_tokens,
         rollout_weights=total * 2 // int(node.rollout_tp),
         # The cache capacity is the trajectory's bucket (`segments.SegmentFns.open`).
+        scan_copies=2 * layers_local * param_bytes if config.model.scan_layers else 0,
         segments=open_trajectories_on_device(config)
         * segment_cache_bytes(config.model, chunk_tokens),
         open_trajectories=open_trajectories_on_device(config),

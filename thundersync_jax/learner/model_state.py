@@ -100,6 +100,13 @@ def abstract_model(config: Any, cfg: Any) -> tuple[nnx.GraphDef, Any]:
         logits_tile=int(m.logits_tile),
     )
     model = nnx.eval_shape(lambda: auto.build(cfg, dtype=dtype, param_dtype=param_dtype, **options))
+    if m.scan_layers:
+        if not hasattr(model, "scan_layers"):
+            raise ValueError(
+                f"model.scan_layers=True: {type(model).__name__} has no scanned layer path "
+                "(dense Qwen3 only); set model.scan_layers=False"
+            )
+        model.scan_layers = True  # a static attribute: it travels in the graphdef
     return nnx.split(model, nnx.Param)
 
 

@@ -19,12 +19,11 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Bool, Float, Int
 
 from thundersync_jax import losses
 from thundersync_jax.models import attention
-from thundersync_jax.models.qwen3 import _cache
+from thundersync_jax.models.qwen3 import _cache, _depth
 from thundersync_jax.models.qwen3._config import Qwen3Config
 from thundersync_jax.models.qwen3._layers import Embed, Linear, RMSNorm, apply_rope
 
@@ -192,27 +191,6 @@ class DecoderLayer(nnx.Module):
         return x, new_kv
 
 
-def _run_layer(layer, x, positions, visible, cache_layer):
-    return layer(x, positions, visible, cache_layer)
-
-
-# remat_offload: the only residuals kept between forward and backward are the layer inputs,
-# and they go to pinned host memory; each layer is rematerialized on the device in turn.
-_OFFLOAD_LAYER_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
-    names_which_can_be_saved=(),
-    names_which_can_be_offloaded=("layer_input",),
-    offload_src="device",
-    offload_dst="pinned_host",
-)
-
-
-def _offloaded_layers(layers, x, positions, visible):
-    run = nnx.remat(_run_layer)
-    for layer in layers:
-        x, _ = run(layer, checkpoint_name(x, "layer_input"), positions, visible, None)
-    return x
-
-
 class Qwen3(nnx.Module):
     """Qwen3 (or Qwen2/Qwen2.5) causal LM: token ids -> float32 next-token logits.
 
@@ -224,6 +202,9 @@ class Qwen3(nnx.Module):
       remat: rematerialize each decoder layer in the backward pass (saves activation memory).
       remat_offload: with remat (and no cache), keep the layers' inputs in pinned host memory
         between the forward and the backward instead of on the device.
+      scan_layers: without a cache, run the decoder layers as one `lax.scan` (one compiled
+        layer body for any depth; `_depth.py` says what it costs); a plain attribute. The
+        sampling path (with a cache) stays a loop.
       attention_impl: `models.attention.dot_product_attention`'s impl ("auto", "naive",
         "blockwise", "cudnn"); a plain attribute, so callers may switch it after building.
       attention_block: the blockwise path's query/key block size (also a plain attribute).
@@ -239,6 +220,7 @@ class Qwen3(nnx.Module):
         param_dtype: jnp.dtype = jnp.float32,
         remat: bool = False,
         remat_offload: bool = False,
+        scan_layers: bool = False,
         attention_impl: str = "auto",
         attention_block: int = 512,
         logits_tile: int = 1024,
@@ -248,6 +230,7 @@ class Qwen3(nnx.Module):
         self.dtype = dtype
         self.remat = remat
         self.remat_offload = remat_offload
+        self.scan_layers = scan_layers
         self.attention_impl = attention_impl
         self.attention_block = attention_block
         self.logits_tile = logits_tile
@@ -314,12 +297,21 @@ class Qwen3(nnx.Module):
             raise ValueError(f"positions shape {positions.shape} != input_ids {(b, t)}")
 
         x = self.embed_tokens(input_ids)  # [B, T, D]
+        if cache is None and self.scan_layers:
+            x, _ = _depth.scan_layers(
+                self.layers,
+                x,
+                lambda layer, x: (layer(x, positions, visible)[0], None),
+                remat=self.remat,
+                offload=self.remat_offload,
+            )
+            return self.norm(x), None
         if cache is None and self.remat and self.remat_offload:
-            x = nnx.remat(_offloaded_layers, policy=_OFFLOAD_LAYER_INPUTS)(
+            x = nnx.remat(_depth.offloaded_layers, policy=_depth.OFFLOAD_LAYER_INPUTS)(
                 self.layers, x, positions, visible
             )
             return self.norm(x), None
-        run = nnx.remat(_run_layer) if self.remat else _run_layer
+        run = nnx.remat(_depth.run_layer) if self.remat else _depth.run_layer
         kv = None if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             cache_layer = None if kv is None else (kv[0], kv[1], i, write_index)

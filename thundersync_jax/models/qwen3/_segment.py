@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from thundersync_jax.models import attention
+from thundersync_jax.models.qwen3 import _depth
 
 
 class SegmentOutput(NamedTuple):
@@ -88,7 +89,8 @@ def segment_hidden_states(
     """Runs `model` (a `Qwen3`) over new tokens that attend to given past keys and values.
 
     Args:
-      model: the Qwen3 module; `model.remat` rematerializes each layer in the backward pass.
+      model: the Qwen3 module; `model.remat` rematerializes each layer in the backward pass,
+        `model.scan_layers` runs the layers as one `lax.scan` (`_depth.py`).
       input_ids: int32 [B, T] the new tokens.
       positions: int32 [B, T] their absolute RoPE positions (continuing the past).
       token_mask: bool [B, T], False = padding: never attended to by any query.
@@ -115,9 +117,21 @@ def segment_hidden_states(
         )
     if past_valid.shape != (input_ids.shape[0], past_k.shape[2]):
         raise ValueError(f"past_valid {past_valid.shape} must be [B, S={past_k.shape[2]}]")
-    run = nnx.remat(_segment_layer, static_argnums=7) if model.remat else _segment_layer
     impl = (model.attention_impl, model.attention_block)  # static: (impl, block size)
     x = model.embed_tokens(input_ids)  # [B, T, D]
+    if model.scan_layers:
+        # One compiled layer body; each step slices its layer's past keys/values.
+        def step(layer, x, k_past, v_past):
+            x, k, v = _segment_layer(
+                layer, x, positions, token_mask, k_past, v_past, past_valid, impl
+            )
+            return x, (k, v)
+
+        x, (new_k, new_v) = _depth.scan_layers(
+            model.layers, x, step, remat=model.remat, offload=False, per_layer=(past_k, past_v)
+        )
+        return SegmentOutput(model.norm(x), new_k, new_v)
+    run = nnx.remat(_segment_layer, static_argnums=7) if model.remat else _segment_layer
     new_k, new_v = [], []
     for i, layer in enumerate(model.layers):
         x, k, v = run(layer, x, positions, token_mask, past_k[i], past_v[i], past_valid, impl)
