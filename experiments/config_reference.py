@@ -1,8 +1,9 @@
 """The config reference: every key of `common.get_base_config()` with its default, type,
 valid values and meaning, written to docs/config.md (a test keeps that file current).
 
-One place holds each key: its line in `get_base_config` (or `tiny_qwen3_model`, `gpu_node`) gives the
-default and, in the comment on that line (or the comment lines right above it), the meaning.
+One place holds each key: its line in `get_base_config` (or `tiny_qwen3_model`, `gpu_node`)
+gives the default and, in the comment on that line (or the comment lines right above it), the
+meaning.
 Valid names come from the registries (`schedule/config_check.py:CHOICES`; `algorithms.NAMES`
 and `algorithms.OPD_GRANULARITIES` for the `rl` keys the algorithms check), so a registered
 estimator shows up here too. A new key is one line: `name=default,  # meaning`.
