@@ -42,8 +42,13 @@ VARIANTS = (*b200.VARIANTS, "glm_flash")
 def glm_flash_model() -> ml_collections.ConfigDict:
     """GLM-4.7-Flash's config.json shapes (transformers' Glm4MoeLiteConfig defaults) in bf16
     with per-layer remat, and the run-time keys of the `model` section."""
+    # The long-sequence keys (attention path and tile, LM-head tile, offload) as the dense
+    # recipe sets them: the planner and the model read every one.
+    dense = b200.qwen3_27b_model()
+    long_sequence = ("remat_offload", "attention_impl", "attention_block", "logits_tile")
     return ml_collections.ConfigDict(
         dict(
+            **{k: dense[k] for k in long_sequence},
             model_type="glm4_moe_lite",
             vocab_size=154880,
             hidden_size=2048,

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from thundersync_jax.models import auto
+
 # Peak dense bf16 FLOP/s per device kind (vendor figures, no sparsity).
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "B200": 2250e12, "A100": 312e12}
 
@@ -22,13 +24,22 @@ def median_time(call, repeats: int) -> float:
     return float(np.median(times))
 
 
+def attention_width(cfg: Any) -> int:
+    """Multiply-adds per (query, key) pair of one layer over all heads: QK^T and AV (MLA:
+    d_qk = nope + rope part, d_v its own)."""
+    qk = getattr(cfg, "qk_head_dim", None) or cfg.head_dim
+    v = getattr(cfg, "v_head_dim", None) or cfg.head_dim
+    return cfg.num_attention_heads * (qk + v)
+
+
 def model_flops_per_token(cfg: Any, seq_len: int) -> float:
-    """Training FLOPs per token: 6·N (matmul params) + 12·L·T·d_attn (attention scores)."""
-    attn = cfg.num_attention_heads * cfg.head_dim
-    kv = cfg.num_key_value_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (2 * attn + 2 * kv) + 3 * cfg.hidden_size * cfg.intermediate_size
-    matmul = cfg.num_hidden_layers * per_layer + cfg.vocab_size * cfg.hidden_size
-    return 6.0 * matmul + 12.0 * cfg.num_hidden_layers * seq_len * attn
+    """Training FLOPs per token: 6·N_active + 6·L·T·n·(d_qk + d_v) (attention over T keys).
+
+    N_active (`auto.active_params`) are the weights a token multiplies by: a MoE token runs
+    through its top-k routed experts, not all of them; the embedding lookup is not counted.
+    """
+    attention = 6.0 * cfg.num_hidden_layers * seq_len * attention_width(cfg)
+    return 6.0 * auto.active_params(cfg) + attention
 
 
 def device_peak_flops(device: Any) -> float | None:

@@ -23,7 +23,9 @@ from typing import Any
 
 from configs import b200
 from thundersync_jax import sim
+from thundersync_jax.bench import flops
 from thundersync_jax.learner import memory
+from thundersync_jax.models import auto
 
 ASSUMED = dict(
     bf16_flops=2.25e15,  # B200 dense bf16 tensor FLOP/s per GPU (no sparsity)
@@ -41,20 +43,29 @@ ASSUMED = dict(
 )
 
 
-def _chunk_seconds(cfg: Any, rows: int, length: int, host_tallies: bool, a: dict) -> float:
+def chunk_flops(cfg: Any, length: int) -> float:
+    """Learner FLOPs per token of a `length`-token row: remat runs the forward twice, then
+    the backward (2 + 2 + 4 FLOPs per active weight; LoRA has no frozen-weight gradients:
+    2 + 2 + 2), and causal attention's QK^T and AV over length / 2 keys on average, 4 passes.
+    A MoE token is priced by the weights it runs through (`auto.active_params`: its top-k
+    experts), not by every expert."""
+    arch = auto.config_from_section(cfg.model)
+    per_weight = 6.0 if cfg.lora.enabled else 8.0
+    attention = 4 * 2 * arch.num_hidden_layers * flops.attention_width(arch) * (length / 2)
+    return per_weight * auto.active_params(arch) + attention
+
+
+def _chunk_seconds(
+    cfg: Any, rows: int, length: int, n_params: int, host_tallies: bool, a: dict
+) -> float:
     """One chunk on the node's learner GPUs: compute, or the host add when that is slower."""
-    m = cfg.model
-    n_params = memory.plan(cfg).num_params
-    # Remat: forward twice + backward; LoRA has no frozen-weight gradients (6N, else 8N).
-    dense = (6.0 if cfg.lora.enabled else 8.0) * n_params
-    q_dim = m.num_attention_heads * m.head_dim
-    attention = 4 * 2 * 2 * m.num_hidden_layers * q_dim * (length / 2)  # causal QK^T and AV
     gpus = int(cfg.node.learner_gpus)
-    compute = rows * length * (dense + attention) / (gpus * a["bf16_flops"] * a["mfu"])
+    compute = rows * length * chunk_flops(cfg, length) / (gpus * a["bf16_flops"] * a["mfu"])
     if not host_tallies:
         return compute
     # Per chunk: w·h (f32, the GPU's shard) to host, then R' and H of one slot read and
     # written and w·h read on the host: 5 tally-sized passes over host DRAM for the node.
+    # Tallies cover every parameter (each expert's too): priced by the total.
     shard = 4 * n_params / gpus
     copy = shard / a["d2h_bytes_s"]
     host_add = 5 * shard * gpus / a["host_mem_bytes_s"]
@@ -65,15 +76,15 @@ def cost_model(cfg: Any, a: dict) -> sim.CostModel:
     """Per-shape chunk seconds for every padded (rows, bucket) the learner can run."""
     host = cfg.accum.placement == "host"
     buckets = tuple(int(b) for b in cfg.learner.seq_buckets)
+    plan = memory.plan(cfg)
     shapes = [
-        (rows, n, _chunk_seconds(cfg, rows, n, host, a))
+        (rows, n, _chunk_seconds(cfg, rows, n, plan.num_params, host, a))
         for rows in (1, 2, 4, 8, 16, 32, 64)
         for n in buckets
     ]
-    plan = memory.plan(cfg)
     per_gpu = plan.trainable_params / int(cfg.node.learner_gpus)
     opt_s = 28 * per_gpu / a["hbm_bytes_s"]  # adamw: read p, g, m, v; write p, m, v
-    snapshot = 2 * plan.num_params  # bf16 weights (LoRA publishes merged weights here)
+    snapshot = 2 * plan.num_params  # bf16 weights, every expert (LoRA publishes merged ones)
     pub_s = (
         snapshot / (int(cfg.node.learner_gpus) * a["d2h_bytes_s"])
         + snapshot / int(cfg.node.rollout_gpus) / a["publish_h2d_bytes_s"]

@@ -4,14 +4,17 @@ from thundersync_jax.models import auto
 model = auto.from_pretrained(path, dtype=jnp.float32)   # qwen3, qwen2, qwen3_moe, glm4_moe_lite
 logits = model(input_ids)                               # [B, T] -> [B, T, V] float32
 auto.save_pretrained(model, path)                       # loadable by transformers
+auto.active_params(cfg)              # weights one token's forward multiplies (MoE: top-k)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -156,3 +159,34 @@ def with_layer_pattern(cfg, pattern: tuple[bool, ...]):
     if any(pattern):
         raise ValueError(f"{cfg.model_type} has no sparse layers")
     return dataclasses.replace(cfg, num_hidden_layers=n)
+
+
+@functools.cache  # configs are frozen (hashable); the predictor asks once per chunk shape
+def active_params(cfg) -> int:
+    """Weights of the matrix products one token's forward runs through: its compute is
+    ~2 FLOPs per active weight forward, ~6 forward + backward (plus attention over T).
+
+    Counts every kernel (attention or MLA projections, dense-layer and shared-expert MLPs,
+    routers, the LM head: the embedding table when tied) and, of each sparse layer's routed
+    experts, the `top_k` of `num_experts` a token is sent to. Leaves out the embedding lookup
+    (no multiply), norm scales, biases and the router's correction bias (elementwise, O(D)).
+    Memory, optimizer and publication bytes touch every expert: price those by the total.
+    """
+    pattern = layer_pattern(cfg)
+    kinds = tuple(sorted(set(pattern)))  # one layer of each kind stands for all of that kind
+    abstract = nnx.eval_shape(lambda: build(with_layer_pattern(cfg, kinds)))
+    params = nnx.to_pure_dict(nnx.split(abstract, nnx.Param)[1])  # nested dicts of shapes
+    count = 0
+    for keypath, leaf in jax.tree_util.tree_leaves_with_path(params):
+        path = [str(k.key) for k in keypath]
+        size = leaf.size
+        if path[-2:] == ["embed_tokens", "embedding"]:
+            size = size if cfg.tie_word_embeddings else 0  # tied: it is also the LM head
+        elif len(path) > 1 and path[-2] == "experts":  # routed experts stacked [E, ...]
+            size = size // cfg.moe.num_experts * cfg.moe.top_k
+        elif path[-1] != "kernel":
+            size = 0
+        if path[0] == "layers":
+            size *= pattern.count(kinds[int(path[1])])
+        count += size
+    return count
