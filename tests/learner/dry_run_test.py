@@ -26,6 +26,18 @@ def _tiny_with_node(gpu_memory_gb):
     return c
 
 
+def test_moe_dry_run_compiles_its_programs_without_a_segment_step(capsys):
+    # GLM-4.7-Flash's layout in miniature (MLA, dense-first layer, shared expert): the dense
+    # decoder's segment program does not apply; the score gradient and the update compile.
+    c = _tiny_with_node(gpu_memory_gb=80.0)
+    c.model = cpu.get_config("moe_glm").model
+    assert dry_run.main(c) == 0
+    out = capsys.readouterr().out
+    assert "score gradient [4 x 1536]" in out and "optimizer update" in out
+    assert "segment gradient" not in out and "no segment program: MoE" in out
+    assert "planner verdict: fits" in out
+
+
 def test_report_shows_compiled_sizes_beside_the_planners_verdict(capsys):
     assert dry_run.main(_tiny_with_node(gpu_memory_gb=80.0)) == 0
     out = capsys.readouterr().out

@@ -32,7 +32,7 @@ from thundersync_jax import gpu_node
 from thundersync_jax.learner import buckets, chunks, memory, model_state
 from thundersync_jax.learner import mesh as mesh_lib
 from thundersync_jax.learner import train_state as ts
-from thundersync_jax.models import lora, qwen3, sharding
+from thundersync_jax.models import auto, lora, qwen3, sharding
 
 GB = 1e9
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -146,6 +146,11 @@ def compile_learner(config: Any) -> tuple[list[Compiled], tuple[int, int]]:
     )
     apply = ts.make_apply_update(optimizer, bool(config.optim.skip_zero_grad))
     update_program = Compiled.of("optimizer update", apply.lower(state, grads))
+    if any(auto.layer_pattern(cfg)):
+        # The per-turn segment programs run the dense decoder (`qwen3.segment_hidden_states`);
+        # MoE models train whole trajectories (OPD at `trajectory` granularity, no shared
+        # prompts), so there is no segment program to compile.
+        return [grad_program, update_program], (rows, length)
     seg = min(SEGMENT_TOKENS, length)
     segment_program = Compiled.of(
         f"segment gradient [{seg} new vs {length} cached]",
@@ -215,6 +220,8 @@ def report(config: Any) -> tuple[str, bool]:
         "(XLA's CPU memory analysis does not model GPU buffer assignment; temporaries "
         "here are not a GPU prediction.)"
     )
+    if not any(p.name.startswith("segment") for p in programs):
+        lines.append("no segment program: MoE models train whole trajectories (no segments)")
     fits = True
     if config.get("node") is not None:
         plan = memory.plan(config)
