@@ -147,7 +147,7 @@ def test_streamed_replayed_opd_equals_the_synchronous_replayed_update(setup, sch
     assert metrics["routing_disagreement"] > 0.5
 
 
-def test_replay_needs_trajectory_granularity():
+def test_moe_needs_trajectory_granularity():
     c = terminal_opd_cpu.get_config()
     c.model.update(cpu.TINY_MOE["moe"])
     algo = algorithms.get("opd")
@@ -157,5 +157,6 @@ def test_replay_needs_trajectory_granularity():
             algo.check_config(c)
     c.rl.opd_granularity = "trajectory"
     algo.check_config(c)
-    c.rl.opd_granularity, c.model.routing = "turn", "recompute"
-    algo.check_config(c)
+    c.rl.opd_granularity, c.model.routing = "turn", "recompute"  # no MoE segments either way
+    with pytest.raises(ConfigError, match="segments run the dense decoder only"):
+        algo.check_config(c)

@@ -38,13 +38,15 @@ def check_config(config) -> None:
 
 
 def _check_routing(config) -> None:
-    """MoE routing replay runs under `trajectory` granularity only: the per-turn segment
-    passes (`turn`, and `auto`, which may pick it) route every token by themselves."""
-    if str(config.model.routing) != "replay" or config.rl.opd_granularity == "trajectory":
+    """Mixture-of-experts policies train whole trajectories: the per-turn segment programs
+    (`turn`, and `auto`, which may pick it) run the dense decoder only, and would route every
+    token themselves instead of replaying the engine's routes."""
+    if config.rl.opd_granularity == "trajectory":
         return
     if any(auto.layer_pattern(auto.config_from_section(config.model))):
         raise ConfigError(
-            f"rl.opd_granularity={config.rl.opd_granularity!r} with model.routing='replay': "
-            "the per-turn segments do not replay the engine's routes; use "
-            "rl.opd_granularity='trajectory' (or model.routing='recompute')"
+            f"rl.opd_granularity={config.rl.opd_granularity!r} with a mixture-of-experts "
+            f"model (model_type={config.model.model_type!r}): the per-turn segments run the "
+            "dense decoder only and do not replay the engine's routes; use "
+            "rl.opd_granularity='trajectory'"
         )

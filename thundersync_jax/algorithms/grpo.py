@@ -32,6 +32,7 @@ from thundersync_jax.algorithms.base import (
     verifier_failure,
 )
 from thundersync_jax.losses.logprob_gap import GapTally
+from thundersync_jax.models import auto
 from thundersync_jax.schedule import config_check
 from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 from thundersync_jax.schedule.episodes import EpisodeWork
@@ -216,6 +217,12 @@ def _check_config(config) -> None:
         raise config_check.ConfigError(
             "accum.placement='host' keeps float32 tallies, but rl.deterministic=True needs the "
             "exact int32-limb tallies on the device: use accum.placement='device'"
+        )
+    if config.rl.shared_prompt and any(auto.layer_pattern(auto.config_from_section(config.model))):
+        raise config_check.ConfigError(
+            "rl.shared_prompt=True with a mixture-of-experts model "
+            f"(model_type={config.model.model_type!r}): the shared prompt's segment programs "
+            "run the dense decoder only; use rl.shared_prompt=False"
         )
 
 
