@@ -79,6 +79,7 @@ def glm_flash_model() -> ml_collections.ConfigDict:
             dtype="bfloat16",
             param_dtype="bfloat16",
             remat=True,
+            scan_layers=False,  # the MoE decoder runs its layers unrolled
             routing="replay",
         )
     )

@@ -37,6 +37,14 @@ def test_config_loads(module, arg):
     assert module.__doc__ and "python -m " in module.__doc__  # the launch command
     if "mesh" in c:
         assert c.mesh.fsdp >= 1 and c.mesh.tp >= 1
+    # The model section carries every run-time key (the learner, the planner and the dry run
+    # read them all; a recipe that builds its own section must too).
+    from configs import common
+    from thundersync_jax.models import hf_config
+
+    assert set(hf_config.RUNTIME_KEYS) <= set(common.get_base_config().model)
+    missing = set(hf_config.RUNTIME_KEYS) - set(c.model)
+    assert not missing, f"{module.__name__}:{arg} model section lacks {sorted(missing)}"
 
 
 def _distinct_models():

@@ -13,7 +13,7 @@ from typing import Any
 
 RUNTIME_KEYS = (
     "checkpoint", "dtype", "param_dtype", "remat", "routing",
-    "remat_offload", "attention_impl", "attention_block", "logits_tile",
+    "remat_offload", "attention_impl", "attention_block", "logits_tile", "scan_layers",
 )  # fmt: skip
 
 
