@@ -19,10 +19,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/cpu", "Run directory holding metrics.jsonl.")
-_OUT = flags.DEFINE_string("out", "docs/cpu_reward_curve.png", "Where to write the PNG.")
-_TITLE = flags.DEFINE_string("title", "", "Plot title (default: GRPO reward (WORKDIR)).")
-_WINDOW = flags.DEFINE_integer("window", 5, "Steps in the first/last and trailing means.")
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """The command line's flags (defined when run as a script, so importing the plotting
+    functions next to other absl programs never clashes on flag names)."""
+    flags.DEFINE_string("workdir", "runs/cpu", "Run directory holding metrics.jsonl.")
+    flags.DEFINE_string("out", "docs/cpu_reward_curve.png", "Where to write the PNG.")
+    flags.DEFINE_string("title", "", "Plot title (default: GRPO reward (WORKDIR)).")
+    flags.DEFINE_integer("window", 5, "Steps in the first/last and trailing means.")
 
 
 def read_rewards(metrics_path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -115,19 +121,20 @@ def plot(
 
 def main(argv):
     del argv
-    path = os.path.join(_WORKDIR.value, "metrics.jsonl")
+    path = os.path.join(FLAGS.workdir, "metrics.jsonl")
     steps, rewards = read_rewards(path)
     evals = read_eval(path)
-    first, last = first_last_means(rewards, _WINDOW.value)
-    title = _TITLE.value or f"GRPO reward ({_WORKDIR.value})"
-    plot(steps, rewards, _WINDOW.value, _OUT.value, title, evals)
+    first, last = first_last_means(rewards, FLAGS.window)
+    title = FLAGS.title or f"GRPO reward ({FLAGS.workdir})"
+    plot(steps, rewards, FLAGS.window, FLAGS.out, title, evals)
     for key, (at, values) in evals.items():
         print(f"{key}: " + " ".join(f"{s}:{v:.3f}" for s, v in zip(at, values, strict=True)))
     print(
-        f"steps={len(steps)} first{_WINDOW.value}={first:.3f} last{_WINDOW.value}={last:.3f} "
-        f"delta={last - first:+.3f} -> {_OUT.value}"
+        f"steps={len(steps)} first{FLAGS.window}={first:.3f} last{FLAGS.window}={last:.3f} "
+        f"delta={last - first:+.3f} -> {FLAGS.out}"
     )
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

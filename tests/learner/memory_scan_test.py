@@ -1,6 +1,5 @@
 """Memory planner: `model.scan_layers` adds the stacked layer weights and their gradient."""
 
-import ml_collections
 import pytest
 
 from configs import b200, common, h200
@@ -14,10 +13,10 @@ def _tiny(tp, lora_enabled):
     c.mesh.fsdp, c.mesh.tp = 1, tp
     c.lora.enabled = lora_enabled
     c.rollout.max_traj_tokens = 100
-    c.node = ml_collections.ConfigDict(
-        dict(gpu="cpu", num_gpus=8, gpu_memory_gb=1.0, memory_headroom=1.0, rollout_gpus=0)
-    )
-    c.node.update(rollout_tp=1, learner_gpus=tp, chunk_rows=1)
+    c.node = common.gpu_node(
+        gpu="cpu", gpu_memory_gb=1.0, memory_headroom=1.0, rollout_gpus=0, rollout_tp=1,
+        learner_gpus=tp,
+    )  # fmt: skip
     return c
 
 
