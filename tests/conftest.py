@@ -194,22 +194,29 @@ def warm_start():
     (in-process or `python -m experiments.*`) finds it there (the cache is keyed by config and
     demonstrations, not by workdir).
     """
-    import fcntl
-
     root = os.environ["TSJ_TEST_SFT_CACHE"]
     os.makedirs(root, exist_ok=True)
 
     def make(family: str) -> str:
-        workdir = os.path.join(root, f"init-{family}")
-        with open(os.path.join(root, f".{family}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
-                from thundersync_jax import train
-
-                train.run(_warm_start_config(family, root), workdir)
-        return workdir
+        return _run_once(f"init-{family}", lambda: _warm_start_config(family, root))
 
     return make
+
+
+def _run_once(name: str, make_config) -> str:
+    """TSJ_TEST_SFT_CACHE/`name`: `train.run(make_config())` there unless a previous caller (any
+    worker of the session) finished it; under a file lock, so it is never run twice at once."""
+    import fcntl
+
+    root = os.environ["TSJ_TEST_SFT_CACHE"]
+    workdir = os.path.join(root, name)
+    with open(os.path.join(root, f".{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
+            from thundersync_jax import train
+
+            train.run(make_config(), workdir)
+    return workdir
 
 
 @pytest.fixture(scope="session")
@@ -221,20 +228,11 @@ def shared_run(warm_start):
     tests/train_multiprocess_test.py's one-process reference): it runs once per session, in
     whichever worker asks first, under a file lock; the others read its files.
     """
-    import fcntl
-
     root = os.environ["TSJ_TEST_SFT_CACHE"]
 
     def make(family: str) -> str:
         warm_start(family)
-        workdir = os.path.join(root, f"stream-{family}")
-        with open(os.path.join(root, f".stream-{family}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
-                from thundersync_jax import train
-
-                train.run(shared_run_config(family, root), workdir)
-        return workdir
+        return _run_once(f"stream-{family}", lambda: shared_run_config(family, root))
 
     return make
 
