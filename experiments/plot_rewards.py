@@ -9,7 +9,6 @@ the run (`--config.eval.every_steps=N`), its `eval_pass@1` and `eval_pass@k` on 
 
 from __future__ import annotations
 
-import json
 import os
 
 import matplotlib
@@ -18,6 +17,8 @@ matplotlib.use("Agg")  # headless: this only ever writes a file
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
+
+from thundersync_jax.metrics import read_metrics  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -33,13 +34,7 @@ def _define_flags() -> None:
 
 def read_rewards(metrics_path: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, reward_mean) from a metrics.jsonl, sorted by step; the last line of a step wins."""
-    by_step: dict[int, float] = {}
-    with open(metrics_path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                m = json.loads(line)
-                by_step[int(m["step"])] = float(m["reward_mean"])
+    by_step = {int(m["step"]): float(m["reward_mean"]) for m in read_metrics(metrics_path)}
     if not by_step:
         raise ValueError(f"{metrics_path} has no metric lines")
     steps = np.array(sorted(by_step))
@@ -49,14 +44,10 @@ def read_rewards(metrics_path: str) -> tuple[np.ndarray, np.ndarray]:
 def read_eval(metrics_path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{"eval_pass@1": (steps, values), "eval_pass@k": ...} of the evaluated steps ({} if none)."""
     by_key: dict[str, dict[int, float]] = {}
-    with open(metrics_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            m = json.loads(line)
-            for key, value in m.items():
-                if key.startswith("eval_pass@"):
-                    by_key.setdefault(key, {})[int(m["step"])] = float(value)
+    for m in read_metrics(metrics_path):
+        for key, value in m.items():
+            if key.startswith("eval_pass@"):
+                by_key.setdefault(key, {})[int(m["step"])] = float(value)
     return {
         key: (np.array(sorted(v)), np.array([v[s] for s in sorted(v)]))
         for key, v in sorted(by_key.items())
