@@ -12,9 +12,22 @@ import pytest
 
 # Must run before jax is imported anywhere in the test session.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Backend optimization level 0 roughly halves CPU compile time of the tiny test models
-# with no measurable slowdown in execution; tests compare against references with tolerances.
-for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+# Compile time is most of the suite (measured: 58 of 75 s of tests/learner/segments_test.py is
+# XLA's backend compile). Backend optimization level 0 roughly halves it; XLA:CPU's older
+# elemental emitters (no MLIR fusion emitters) with LLVM's expensive passes off halve it again
+# (BENCHMARKS.md "Test suite"). Their code runs ~35% slower, which only a long execution
+# notices: the warm starts (120 full-batch steps) train without them (`_train_in_a_child`).
+# Every process the suite starts inherits these (one key for the compilation cache); tests
+# compare against references with tolerances, and bitwise tests within one set of flags.
+_TEST_XLA_FLAGS = (
+    "--xla_force_host_platform_device_count=8",
+    "--xla_backend_optimization_level=0",
+)
+_COMPILE_FAST_XLA_FLAGS = (
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_llvm_disable_expensive_passes=true",
+)
+for _flag in _TEST_XLA_FLAGS + _COMPILE_FAST_XLA_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
@@ -213,10 +226,30 @@ def _run_once(name: str, make_config) -> str:
     with open(os.path.join(root, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
-            from thundersync_jax import train
-
-            train.run(make_config(), workdir)
+            _train_in_a_child(make_config(), workdir)
     return workdir
+
+
+def _train_in_a_child(config, workdir: str) -> None:
+    """`train.run(config, workdir)` in a child process without the compile-fast XLA flags:
+    a warm start is ~120 full-batch steps, whose programs then run ~35% faster."""
+    import pickle
+    import subprocess
+    import sys
+
+    path = os.path.join(os.path.dirname(workdir), f".{os.path.basename(workdir)}.config.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(config, f)
+    script = (
+        "import pickle, sys\nfrom thundersync_jax import train\n"
+        "train.run(pickle.load(open(sys.argv[1], 'rb')), sys.argv[2])"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    flags = [f for f in os.environ["XLA_FLAGS"].split() if f not in _COMPILE_FAST_XLA_FLAGS]
+    env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1", XLA_FLAGS=" ".join(flags))
+    out = subprocess.run([sys.executable, "-c", script, path, workdir], cwd=repo, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, f"training {workdir} failed:\n{out.stderr[-4000:]}"
 
 
 @pytest.fixture(scope="session")

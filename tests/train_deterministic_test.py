@@ -1,22 +1,26 @@
 """End to end, `rl.deterministic=True`: every schedule, interrupted or not, ends at the same bits.
 
 GRPO on `configs/cpu.py:smoke` with no entropy or KL term (the warm start gives mixed
-groups, so the update is the pure policy-gradient term), two steps. `sync` and `group` run through;
-`stream` is killed with SIGKILL inside its second step and rerun, resuming from the step-1
-checkpoint (the kill is schedule-independent: one killed schedule proves the resume). All
-three end at byte-identical `final/model.safetensors`, with
-identical per-step rewards and tokens, after updates that really moved the parameters.
-One score-gradient call per trajectory and exactly associative tallies (DESIGN §8) make
-arrival order irrelevant to the bits; a resumed batch starts from a whole checkpoint (the
-train state only: a batch's tallies are never saved half-folded) and resamples the same
-trajectories (keyed sampling), so the kill leaves no trace either.
+groups, so the update is the pure policy-gradient term), two steps. `sync` runs through;
+`group` has its rollout engine SIGKILLed in the middle of its second batch (the engine
+manager restarts it, reloads the weights and resends the in-flight requests with the same
+keys); `stream` is killed with SIGKILL inside its second step and rerun, resuming from the
+step-1 checkpoint (the kill is schedule-independent: one killed schedule proves the resume).
+All three end at byte-identical `final/model.safetensors`, with identical per-step rewards
+and tokens, after updates that really moved the parameters. One score-gradient call per
+trajectory and exactly associative tallies (DESIGN §8) make arrival order irrelevant to the
+bits; a resumed batch starts from a whole checkpoint (the train state only: a batch's tallies
+are never saved half-folded) and resamples the same trajectories (keyed sampling), and a
+resent request samples the same tokens, so neither kill leaves a trace.
 
-The runs share the session's persistent XLA cache (their programs are identical), so only
-the first compiles. `TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
+The runs are processes with the suite's inherited XLA flags (one compiled program for all
+three: the same bits) and share the session's persistent XLA cache, so only the first
+compiles. `TSJ_TEST_SFT_CACHE` shares the warm start with the other seed-42 smoke tests.
 """
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,11 +83,65 @@ def _per_step(workdir, key):
     return [m[key] for m in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
 
 
+def _engine_killed_in_step_two(cmd, workdir, base):
+    """Runs `cmd` to the end, SIGKILLing its rollout engine inside the second batch's rollouts;
+    returns the engine manager's restart line."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(base), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    first = os.path.join(workdir, "checkpoints", "1")
+    deadline = time.time() + 3000
+    while not os.path.isdir(first) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, f"the run ended before the engine kill (rc {proc.returncode})"
+    engine = _engine_pid(proc.pid)
+    _wait_until_decoding(engine)
+    os.kill(engine, signal.SIGKILL)
+    _, err = proc.communicate(timeout=3000)
+    assert proc.returncode == 0, err[-3000:]
+    # (the progress bar shares stderr: the line may follow a carriage return)
+    (line,) = re.findall(r"engine manager: engine 0 [^\r\n]*", err)
+    return line
+
+
+def _wait_until_decoding(pid: int, window_s: float = 0.2, windows: int = 3) -> None:
+    """Returns once process `pid` has been busy (>= half a core) `windows` windows in a row:
+    the engine decodes only while requests are in flight (a weight load is one short burst)."""
+    busy, deadline = 0, time.time() + 600
+    while busy < windows and time.time() < deadline:
+        before = _cpu_s(pid)
+        time.sleep(window_s)
+        busy = busy + 1 if _cpu_s(pid) - before >= window_s / 2 else 0
+    assert busy == windows, "the engine never decoded"
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def _engine_pid(run_pid: int) -> int:
+    """The pid of the rollout engine that the run `run_pid` started."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"thundersync_jax.rollout.server" in args and str(run_pid).encode() in args:
+            return int(pid)
+    raise AssertionError(f"run {run_pid} has no rollout engine process")
+
+
 def test_every_schedule_and_a_killed_resume_end_at_the_same_bits(tmp_path, warm_start):
     warm_start("grpo")  # trained once per session (under a lock); the runs find it cached
     wd = {s: str(tmp_path / s) for s in ("sync", "group", "stream")}
-    for schedule in ("sync", "group"):
-        _run(_command(schedule, wd[schedule], tmp_path), tmp_path)
+    _run(_command("sync", wd["sync"], tmp_path), tmp_path)
+    restart = _engine_killed_in_step_two(_command("group", wd["group"], tmp_path), wd["group"],
+                                         tmp_path)  # fmt: skip
+    # The manager restarted the killed engine with requests of the batch in flight.
+    assert "exited with -9; restarting" in restart, restart
+    assert int(restart.rsplit("(", 1)[1].split()[0]) > 0, restart
     _killed_in_step_two_then_resumed(_command("stream", wd["stream"], tmp_path), wd["stream"],
                                      tmp_path)  # fmt: skip
     # Real updates: mixed rewards in a group, a non-zero gradient, applied, every step.

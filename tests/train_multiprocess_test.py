@@ -8,10 +8,11 @@ bitwise identical every step (debug mode); process 0's metrics carry every proce
 learner figures. The 2-process run is SIGKILLed (process 1, inside step 2) and relaunched:
 the kill ends the run (no hang) and the relaunch resumes from the step-1 checkpoint, so the
 comparison with the uninterrupted one-process run proves the resume too (one launch instead
-of an uninterrupted 2-process run beside a killed one). The `batch` advantage (batch-wide
-mean and std) matches too. With `rl.deterministic=True` (GRPO, one step) the two-process run
-is bitwise the run of one process on the same 4-device mesh: the batch end all-reduces exact
-fixed-point tallies.
+of an uninterrupted 2-process run beside a killed one). GRPO's 2-process run is also
+`rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise the run
+of one process on the same 4-device mesh, kill and resume included (the batch end
+all-reduces exact fixed-point tallies). The `batch` advantage (batch-wide mean and std, float
+tallies) matches too.
 The warm start is trained once per family for the whole session and shared through
 `sft.cache_dir` (TSJ_TEST_SFT_CACHE, tests/conftest.py): GRPO at seed 42 and OPD at its
 config's seed, as in tests/train_test.py.
@@ -41,6 +42,8 @@ FAMILIES = {
 # The seeds of tests/train_test.py's runs, so every family trains one warm start per session
 # (cpu.py:smoke holds mixed groups at seed 42; terminal_opd_cpu keeps its own seed).
 SEED_FLAGS = {"grpo": ["--config.seed=42"], "opd": []}
+# GRPO's 2-process run keeps exact tallies (test_deterministic_...); OPD's keeps float ones.
+DETERMINISTIC = {"grpo": ["--config.rl.deterministic=True"], "opd": []}
 
 
 def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
@@ -87,7 +90,8 @@ def runs(request, tmp_path_factory, warm_start, shared_run):
     resumed (`kill`: what the kill did)."""
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
     wd = {"init": warm_start(algo), "one": shared_run(algo), "two": str(base / "two")}
-    kill = _killed_in_step_two_then_resumed(_command(algo, wd["two"], base, 2), wd["two"])
+    cmd = [*_command(algo, wd["two"], base, 2), *DETERMINISTIC[algo]]
+    kill = _killed_in_step_two_then_resumed(cmd, wd["two"])
     return algo, base, wd, kill
 
 
@@ -156,22 +160,20 @@ def test_a_killed_process_ends_the_run_and_the_relaunch_resumes(runs):
 
 def test_deterministic_two_processes_are_bitwise_the_one_process_run(runs):
     # rl.deterministic: the processes all-reduce their exact fixed-point tallies, so the
-    # 2-process run's update is bitwise that of ONE process on the same 4-device fsdp x tp
-    # mesh (same per-trajectory gradient programs) folding every group. One step, GRPO only
-    # (the exact sum is family-independent: tests/accumulators/exact_dp_test.py).
+    # 2-process run's updates are bitwise those of ONE process on the same 4-device fsdp x tp
+    # mesh (same per-trajectory gradient programs) folding every group: both steps, through
+    # the kill and the resume. GRPO only (the exact sum is family-independent:
+    # tests/accumulators/exact_dp_test.py).
     algo, base, wd, _ = runs
     if algo != "grpo":
         pytest.skip("one family suffices for the exact all-reduce (suite time)")
-    det = ["--config.rl.deterministic=True", "--config.rl.entropy_coef=0.0",
-           "--config.rl.kl_coef=0.0"]  # fmt: skip
-    work = {p: str(base / f"det{p}") for p in (1, 2)}
-    for p in (1, 2):
-        _run([*_command(algo, work[p], base, p, steps=1, launched=True), *det])
-    one, two = _final(work[1]), _final(work[2])
-    assert _dist(one, _final(wd["init"])) > 0, "the deterministic step did not move"
-    assert sorted(one) == sorted(two)
-    assert all(one[k].tobytes() == two[k].tobytes() for k in one)
-    assert _rewards(work[2]) == _rewards(work[1])
+    one = str(base / "det1")
+    _run([*_command(algo, one, base, 1, launched=True), *DETERMINISTIC[algo]])
+    ones, twos = _final(one), _final(wd["two"])
+    assert _dist(ones, _final(wd["init"])) > 0, "the deterministic steps did not move"
+    assert sorted(ones) == sorted(twos)
+    assert all(ones[k].tobytes() == twos[k].tobytes() for k in ones)
+    assert _rewards(wd["two"]) == _rewards(one)
 
 
 def _process_pid(launcher_pid: int, index: int) -> int:

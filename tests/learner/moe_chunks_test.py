@@ -42,7 +42,9 @@ def test_replay_and_recompute_and_disagreement(cfg):
     }
     plain, n, _ = fns["replay"].score_and_gap(params, tokens, mask, None, None)
     h_own, _, gap = fns["replay"].score_and_gap(params, tokens, mask, None, None, routes=own)
-    assert _max_diff(h_own, plain) < 1e-6
+    # The same math in another program (float32 summation order: measured 0 to 1.3e-5 by XLA
+    # flags), against > 1 when the routes differ.
+    assert _max_diff(h_own, plain) < 1e-4
     # every given (token, layer) set is compared (own routes cover all 12 tokens); none differ.
     assert (float(gap["route_differ"]), float(gap["route_sets"])) == (0.0, 2 * 12 * own.shape[2])
 
@@ -57,8 +59,8 @@ def test_replay_and_recompute_and_disagreement(cfg):
     sets = (12 + 5) * own.shape[2]
     assert (float(gap["route_differ"]), float(gap["route_sets"])) == (1.0, sets)
     assert (float(gap_rec["route_differ"]), float(gap_rec["route_sets"])) == (1.0, sets)
-    assert _max_diff(h_rec, plain) < 1e-6  # recompute ignores the given routes
-    assert _max_diff(h_rep, plain) > 1e-4  # replay used them
+    assert _max_diff(h_rec, plain) < 1e-4  # recompute ignores the given routes
+    assert _max_diff(h_rep, plain) > 1e-2  # replay used them (measured 1.08 and 4.83)
 
 
 def test_adamw_weight_decay_leaves_the_router_correction_bias_alone():

@@ -119,7 +119,10 @@ class _EngineKiller:
         self.new_pid = mgr.pids[0] if mgr.pids else None
 
 
+# Folded (issue 23): tests/train_deterministic_test.py SIGKILLs the `group` run's engine in the
+# middle of its second batch, and the run still ends at the bits of the uninterrupted `sync`.
 @pytest.mark.slow
+@pytest.mark.nightly
 def test_engine_killed_mid_batch_gives_the_uninterrupted_run(base, monkeypatch, warm_start):
     # Both runs load the warm start as a checkpoint: the session's seed-42 one (conftest
     # `warm_start`, exported once for every smoke-config test), so the runs use seed 42 too.

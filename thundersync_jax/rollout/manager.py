@@ -327,13 +327,14 @@ class EngineManager:
 
     def _restart(self, idx: int, why: str) -> None:
         old = self._engines[idx]
-        print(f"engine manager: engine {idx} {why}; restarting", file=sys.stderr)
         old.client.abandon()
         if old.process.poll() is None:
             _kill_group(old.process)
         old.process.wait()
         with self._lock:
             mine = [(rid, e) for rid, e in self._inflight.items() if e[2] == idx]
+        print(f"engine manager: engine {idx} {why}; restarting ({len(mine)} requests in flight)",
+              file=sys.stderr)  # fmt: skip
         if old.restarts >= self.max_restarts:
             self._fail(mine, f"engine {idx} {why} and exceeded max_restarts={self.max_restarts}")
             return
