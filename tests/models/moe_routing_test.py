@@ -84,12 +84,13 @@ def test_replay_uses_given_experts_and_trains_the_router(cfg):
     other = (own + 1) % cfg.moe.num_experts  # a different, still distinct, set per token
     graphdef, params = nnx.split(model, nnx.Param)
 
+    @jax.jit  # one program instead of hundreds of op-by-op compiles (suite time)
     def loss(p, routes):
         logits = nnx.merge(graphdef, p)(ids, routes=routes)
         return jax.nn.logsumexp(logits, -1).mean()
 
     assert not np.allclose(loss(params, other), loss(params, own))
-    grads = nnx.to_pure_dict(jax.grad(loss)(params, other))
+    grads = nnx.to_pure_dict(jax.jit(jax.grad(loss))(params, other))
     router = grads["layers"][1]["mlp"]["gate"]
     assert np.abs(np.asarray(router["kernel"])).max() > 0
     if cfg.moe.correction_bias:

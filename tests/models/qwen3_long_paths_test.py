@@ -37,7 +37,11 @@ def test_full_forward_logprobs_entropy_and_gradient(models):
         hidden, _ = model.hidden_states(ids[:, :-1], attention_mask=mask[:, :-1])
         return model.token_terms(hidden, ids[:, 1:], 0.7, with_entropy=True)
 
-    (lp_ref, ent_ref), (lp, ent) = terms(ref, ids), terms(new, ids)
+    def jitted_terms(model, ids):  # one program instead of op-by-op compiles (suite time)
+        graphdef, state = nnx.split(model)
+        return jax.jit(lambda s: terms(nnx.merge(graphdef, s), ids))(state)
+
+    (lp_ref, ent_ref), (lp, ent) = jitted_terms(ref, ids), jitted_terms(new, ids)
     _close(lp, lp_ref)
     _close(ent, ent_ref)
 
@@ -48,7 +52,7 @@ def test_full_forward_logprobs_entropy_and_gradient(models):
             lp, ent = terms(nnx.merge(graphdef, params), ids)
             return jnp.sum(jnp.where(mask[:, 1:], lp + 0.1 * ent, 0.0))
 
-        return _flat(jax.grad(f)(params))
+        return _flat(jax.jit(jax.grad(f))(params))
 
     g_ref, g = grads(ref), grads(new)
     assert not np.any(np.isnan(g))
@@ -97,7 +101,8 @@ def test_segment_against_a_cache_with_holes(models):
             lp, _ = model.token_terms(out.hidden, ids, 1.3)
             return jnp.sum(jnp.where(real, lp, 0.0)) + jnp.sum(out.k * 0.01), lp
 
-        (_, lp), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(past_k, past_v)
+        value_and_grad = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+        (_, lp), grads = value_and_grad(past_k, past_v)
         return lp, grads
 
     (lp_ref, g_ref), (lp, g) = run(ref), run(new)

@@ -7,6 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from thundersync_jax.models import sampling
 from thundersync_jax.rollout import embedded
@@ -30,15 +31,20 @@ def test_engine_reports_the_routes_of_every_fed_token(cfg):
     while engine.has_work():
         results.update({r.request_id: r for r in engine.step()})
     m, k = sum(cfg.sparse_layers), cfg.moe.top_k
+    # The one-shot references, jitted: one program per length instead of op-by-op compiles.
+    graphdef, state = nnx.split(model)
+    routes_of = jax.jit(lambda s, x: nnx.merge(graphdef, s).hidden_states(x, return_routes=True))
+    logits_of = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
     for i, prompt in enumerate(prompts):
         res = results[f"r{i}"]
         fed = prompt + res.tokens[:-1]
         assert res.routes.shape == (len(fed), m, k)
-        _, _, own = model.hidden_states(np.asarray([fed]), return_routes=True)
+        own = routes_of(state, np.asarray([fed]))[2]
         np.testing.assert_array_equal(
             np.sort(res.routes, -1), np.sort(np.asarray(own[0]), -1), err_msg=f"request {i}"
         )
         # and the engine's log-probs are the one-shot model's (it samples the same policy)
-        logp = jax.nn.log_softmax(model(np.asarray([prompt + res.tokens]))[0, len(prompt) - 1 : -1])
+        logits = logits_of(state, np.asarray([prompt + res.tokens]))
+        logp = jax.nn.log_softmax(logits[0, len(prompt) - 1 : -1])
         want = np.take_along_axis(np.asarray(logp), np.asarray(res.tokens)[:, None], 1)[:, 0]
         np.testing.assert_allclose(res.logprobs, want, atol=2e-5)

@@ -1,7 +1,9 @@
 """Incremental teacher scoring from per-episode caches equals full-prefix re-scoring."""
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from thundersync_jax.rollout.episode_scoring import IncrementalTeacher
 
@@ -11,16 +13,28 @@ def teacher_model(tiny_qwen3_config, random_qwen3):
     return random_qwen3(tiny_qwen3_config(), seed=3)
 
 
-def _full_prefix_scores(model, prefix, start, end):
-    """What the teacher computes today: a forward over the whole prefix, then log-softmax."""
-    logits = model(np.asarray(prefix, np.int32)[None, :end])  # [1, end, V]
+def _full_prefix_scores(forward, prefix, start, end):
+    """What the teacher computes today: a forward over the whole prefix, then log-softmax.
+    (Causal: padding the prefix to 64 tokens leaves its first `end` logits as they are, and
+    one jitted program serves every prefix instead of op-by-op compiles per length.)"""
+    padded = np.zeros((1, 64), np.int32)
+    padded[0, :end] = prefix[:end]
+    logits = forward(padded)[:, :end]  # [1, end, V]
     z = np.asarray(logits[0], np.float64)
     logp = z - z.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return np.array([logp[t - 1, prefix[t]] for t in range(start, end)])
 
 
-def test_interleaved_episodes_score_like_full_prefixes(teacher_model):
+@pytest.fixture(scope="module")
+def forward(teacher_model):
+    """The teacher's one-shot forward, jitted (one program for every 64-token prefix)."""
+    graphdef, state = nnx.split(teacher_model)
+    jitted = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    return lambda ids: jitted(state, ids)
+
+
+def test_interleaved_episodes_score_like_full_prefixes(teacher_model, forward):
     teacher = IncrementalTeacher(teacher_model, max_len=64, seq_buckets=(8, 64))
     rng = np.random.default_rng(0)
     vocab = teacher_model.cfg.vocab_size
@@ -31,7 +45,7 @@ def test_interleaved_episodes_score_like_full_prefixes(teacher_model):
         start, end = turns[episode][j]
         tokens = episodes[episode][:end]  # the episode so far
         got = teacher.score(episode, tokens, start, end)
-        want = _full_prefix_scores(teacher_model, episodes[episode], start, end)
+        want = _full_prefix_scores(forward, episodes[episode], start, end)
         assert got.dtype == np.float32 and got.shape == (end - start,)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert teacher.open_episodes == 2
