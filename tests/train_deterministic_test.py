@@ -59,13 +59,19 @@ def _run(cmd, base):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-def _killed_in_step_two_then_resumed(cmd, workdir, base):
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(base), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+def _started_past_step_one(cmd, workdir, base, **popen):
+    """`cmd` started, once its step-1 checkpoint exists (or it ended)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(base), stdout=subprocess.DEVNULL, **popen)
     first = os.path.join(workdir, "checkpoints", "1")
     deadline = time.time() + 3000
     while not os.path.isdir(first) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
+    return proc
+
+
+def _killed_in_step_two_then_resumed(cmd, workdir, base):
+    proc = _started_past_step_one(cmd, workdir, base, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)  # fmt: skip
     time.sleep(1.0)  # inside the second step
     assert proc.poll() is None, f"{cmd[5]}: the run ended before the kill (rc {proc.returncode})"
     os.killpg(proc.pid, signal.SIGKILL)
@@ -86,12 +92,7 @@ def _per_step(workdir, key):
 def _engine_killed_in_step_two(cmd, workdir, base):
     """Runs `cmd` to the end, SIGKILLing its rollout engine inside the second batch's rollouts;
     returns the engine manager's restart line."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(base), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    first = os.path.join(workdir, "checkpoints", "1")
-    deadline = time.time() + 3000
-    while not os.path.isdir(first) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    proc = _started_past_step_one(cmd, workdir, base, stderr=subprocess.PIPE, text=True)
     assert proc.poll() is None, f"the run ended before the engine kill (rc {proc.returncode})"
     engine = _engine_pid(proc.pid)
     _wait_until_decoding(engine)
