@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from thundersync_jax.models import auto
 
@@ -166,14 +165,12 @@ def test_cached_decode_equals_one_shot(pair):
     model = auto.from_pretrained(path)
     ids = np.random.default_rng(3).integers(0, _COMMON["vocab_size"], (2, 9))
     # Jitted: one program per shape instead of op-by-op compiles (suite time).
-    graphdef, state = nnx.split(model)
-    one_shot = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    cached = jax.jit(lambda s, x, c: nnx.merge(graphdef, s)(x, cache=c))
-    full = np.asarray(one_shot(state, ids))
+    cached = jax.jit(lambda m, x, c: m(x, cache=c))
+    full = np.asarray(jax.jit(lambda m, x: m(x))(model, ids))
     cache = auto.init_cache(model.cfg, 2, 16)
-    logits, cache = cached(state, ids[:, :6], cache)
+    logits, cache = cached(model, ids[:, :6], cache)
     steps = [np.asarray(logits)]
     for t in range(6, 9):
-        logits, cache = cached(state, ids[:, t : t + 1], cache)
+        logits, cache = cached(model, ids[:, t : t + 1], cache)
         steps.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)

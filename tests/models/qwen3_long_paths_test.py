@@ -37,10 +37,7 @@ def test_full_forward_logprobs_entropy_and_gradient(models):
         hidden, _ = model.hidden_states(ids[:, :-1], attention_mask=mask[:, :-1])
         return model.token_terms(hidden, ids[:, 1:], 0.7, with_entropy=True)
 
-    def jitted_terms(model, ids):  # one program instead of op-by-op compiles (suite time)
-        graphdef, state = nnx.split(model)
-        return jax.jit(lambda s: terms(nnx.merge(graphdef, s), ids))(state)
-
+    jitted_terms = jax.jit(terms)  # one program per model instead of op-by-op compiles
     (lp_ref, ent_ref), (lp, ent) = jitted_terms(ref, ids), jitted_terms(new, ids)
     _close(lp, lp_ref)
     _close(ent, ent_ref)

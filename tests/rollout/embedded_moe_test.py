@@ -7,7 +7,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from thundersync_jax.models import sampling
 from thundersync_jax.rollout import embedded
@@ -32,19 +31,18 @@ def test_engine_reports_the_routes_of_every_fed_token(cfg):
         results.update({r.request_id: r for r in engine.step()})
     m, k = sum(cfg.sparse_layers), cfg.moe.top_k
     # The one-shot references, jitted: one program per length instead of op-by-op compiles.
-    graphdef, state = nnx.split(model)
-    routes_of = jax.jit(lambda s, x: nnx.merge(graphdef, s).hidden_states(x, return_routes=True))
-    logits_of = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
+    routes_of = jax.jit(lambda m, x: m.hidden_states(x, return_routes=True)[2])
+    logits_of = jax.jit(lambda m, x: m(x))
     for i, prompt in enumerate(prompts):
         res = results[f"r{i}"]
         fed = prompt + res.tokens[:-1]
         assert res.routes.shape == (len(fed), m, k)
-        own = routes_of(state, np.asarray([fed]))[2]
+        own = routes_of(model, np.asarray([fed]))
         np.testing.assert_array_equal(
             np.sort(res.routes, -1), np.sort(np.asarray(own[0]), -1), err_msg=f"request {i}"
         )
         # and the engine's log-probs are the one-shot model's (it samples the same policy)
-        logits = logits_of(state, np.asarray([prompt + res.tokens]))
+        logits = logits_of(model, np.asarray([prompt + res.tokens]))
         logp = jax.nn.log_softmax(logits[0, len(prompt) - 1 : -1])
         want = np.take_along_axis(np.asarray(logp), np.asarray(res.tokens)[:, None], 1)[:, 0]
         np.testing.assert_allclose(res.logprobs, want, atol=2e-5)

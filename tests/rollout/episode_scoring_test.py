@@ -3,7 +3,6 @@
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from thundersync_jax.rollout.episode_scoring import IncrementalTeacher
 
@@ -29,9 +28,8 @@ def _full_prefix_scores(forward, prefix, start, end):
 @pytest.fixture(scope="module")
 def forward(teacher_model):
     """The teacher's one-shot forward, jitted (one program for every 64-token prefix)."""
-    graphdef, state = nnx.split(teacher_model)
-    jitted = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))
-    return lambda ids: jitted(state, ids)
+    jitted = jax.jit(lambda m, x: m(x))
+    return lambda ids: jitted(teacher_model, ids)
 
 
 def test_interleaved_episodes_score_like_full_prefixes(teacher_model, forward):
