@@ -12,44 +12,24 @@ import pytest
 
 # Must run before jax is imported anywhere in the test session.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Two kinds of process, two sets of XLA flags (BENCHMARKS.md "Test suite"):
-# - the training launches the suite starts (`python -m experiments.*`, launch_local children,
-#   engine servers, warm starts) run each program many times, and the shared compilation cache
-#   compiles it once per run: they keep XLA's optimizations (a warm-cache smoke launch costs
-#   72 CPU-s with them, 119 with the compile-fast flags below). They inherit `_E2E_XLA_FLAGS`.
-# - the test processes themselves (xdist workers) and the compile-bound children (notebooks,
-#   the 4-device segment run; `compile_fast_xla_flags`) compile many programs and run each
-#   a few times: compile time is most of the unit tier (58 of 75 s of segments_test.py), and
-#   backend level 0 with XLA:CPU's older emitters and LLVM's expensive passes off quarter it.
-# XLA reads XLA_FLAGS once per process, when its backend starts: this process starts it with
-# the compile-fast flags, then hands `_E2E_XLA_FLAGS` to everything it starts. The compilation
-# cache keeps the two apart: its key holds the parsed debug options (the optimization level
-# differs), not only the XLA_FLAGS string.
-_E2E_XLA_FLAGS = ("--xla_force_host_platform_device_count=8",)
-_COMPILE_FAST_XLA_FLAGS = (
+# Compile time is most of the suite (measured: 58 of 75 s of tests/learner/segments_test.py is
+# XLA's backend compile). Backend optimization level 0 roughly halves it; XLA:CPU's older
+# elemental emitters (no MLIR fusion emitters) with LLVM's expensive passes off halve it again
+# (BENCHMARKS.md "Test suite"). Their code runs ~35% slower, which only a long execution
+# notices: the warm starts (120 full-batch steps) train without them (`_train_in_a_child`).
+# Every process the suite starts inherits these (one key for the compilation cache); tests
+# compare against references with tolerances, and bitwise tests within one set of flags.
+_TEST_XLA_FLAGS = (
+    "--xla_force_host_platform_device_count=8",
     "--xla_backend_optimization_level=0",
+)
+_COMPILE_FAST_XLA_FLAGS = (
     "--xla_cpu_use_fusion_emitters=false",
     "--xla_llvm_disable_expensive_passes=true",
 )
-
-
-def _with_flags(flags, base):
-    missing = [f for f in flags if f.split("=")[0] not in base]
-    return " ".join([base, *missing]).strip()
-
-
-os.environ["XLA_FLAGS"] = _with_flags(_E2E_XLA_FLAGS, os.environ.get("XLA_FLAGS", ""))
-COMPILE_FAST_XLA_FLAGS = _with_flags(_COMPILE_FAST_XLA_FLAGS, os.environ["XLA_FLAGS"])
-
-
-def _start_jax_compile_fast() -> None:
-    children = os.environ["XLA_FLAGS"]
-    os.environ["XLA_FLAGS"] = COMPILE_FAST_XLA_FLAGS
-    import jax
-
-    jax.devices()  # the backend starts, and XLA parses its flags, here
-    os.environ["XLA_FLAGS"] = children
-
+for _flag in _TEST_XLA_FLAGS + _COMPILE_FAST_XLA_FLAGS:
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 # One persistent compilation cache and one warm-start (SFT) cache for everything the session
 # starts: set here, before jax is imported, in the process that starts the xdist workers, so
@@ -67,7 +47,6 @@ for _var in ("JAX_COMPILATION_CACHE_DIR", "TSJ_TEST_SFT_CACHE"):
 # tiny-model programs in dozens of processes.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-_start_jax_compile_fast()  # after the cache variables: jax reads them when imported
 
 # End-to-end modules that share a worker under `pytest -n 2` (make test): a group runs its
 # modules one after another on one worker, so two multi-process runs never share the 2 cores.
@@ -252,8 +231,8 @@ def _run_once(name: str, make_config) -> str:
 
 
 def _train_in_a_child(config, workdir: str) -> None:
-    """`train.run(config, workdir)` in a child process, with the training launches' XLA flags
-    (`_E2E_XLA_FLAGS`): a warm start is ~120 full-batch steps, mostly execution."""
+    """`train.run(config, workdir)` in a child process without the compile-fast XLA flags:
+    a warm start is ~120 full-batch steps, whose programs then run ~35% faster."""
     import pickle
     import subprocess
     import sys
@@ -266,31 +245,11 @@ def _train_in_a_child(config, workdir: str) -> None:
         "train.run(pickle.load(open(sys.argv[1], 'rb')), sys.argv[2])"
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1")
+    flags = [f for f in os.environ["XLA_FLAGS"].split() if f not in _COMPILE_FAST_XLA_FLAGS]
+    env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1", XLA_FLAGS=" ".join(flags))
     out = subprocess.run([sys.executable, "-c", script, path, workdir], cwd=repo, env=env,
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, f"training {workdir} failed:\n{out.stderr[-4000:]}"
-
-
-@pytest.fixture(scope="session")
-def train_in_child():
-    """`train_in_child(config, workdir)`: `train.run` in a child process with the training
-    launches' XLA flags, so an end-to-end test's runs compile and run like the suite's other
-    launches (and share their compiled programs) instead of with this process's flags."""
-    return _train_in_a_child
-
-
-@pytest.fixture(scope="session")
-def compile_fast_xla_flags():
-    """`compile_fast_xla_flags(devices=8)`: XLA_FLAGS for a child that compiles much and runs
-    little (a notebook, the 4-device segment run): the test processes' compile-fast flags."""
-
-    def flags(devices: int = 8) -> str:
-        count = "--xla_force_host_platform_device_count"
-        kept = [f for f in COMPILE_FAST_XLA_FLAGS.split() if not f.startswith(count)]
-        return " ".join([f"{count}={devices}", *kept])
-
-    return flags
 
 
 @pytest.fixture(scope="session")

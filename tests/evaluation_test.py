@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import cpu
-from thundersync_jax import evaluation
+from thundersync_jax import evaluation, train
 from thundersync_jax.metrics import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,9 +49,9 @@ def _config(base):
 
 
 @pytest.mark.slow
-def test_eval_every_step_writes_pass_at_k_and_leaves_training_unchanged(tmp_path, train_in_child):
+def test_eval_every_step_writes_pass_at_k_and_leaves_training_unchanged(tmp_path):
     off = str(tmp_path / "off")
-    train_in_child(_config(tmp_path), off)  # the launch's XLA flags: bitwise comparable
+    train.run(_config(tmp_path), off)
     on = str(tmp_path / "on")
     c = _config(tmp_path)
     overrides = [

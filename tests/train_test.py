@@ -25,6 +25,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from configs import cpu, terminal_opd_cpu
+from thundersync_jax import train
 from thundersync_jax.metrics import read_metrics
 
 # Each module-scoped fixture runs five training runs with engine processes: minutes on 2
@@ -103,9 +104,7 @@ def _assert_exact_engine_logprobs(wd):
             assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
 
 
-def _run_every_schedule(
-    train_in_child, make_config, base, init, stream, schedules=("sync", "group", "async")
-):
+def _run_every_schedule(make_config, base, init, stream, schedules=("sync", "group", "async")):
     """{"init": the warm start exported (the session's, conftest `warm_start`), "stream": the
     session's shared stream run (conftest `shared_run`, the same config), schedule: workdir
     after STEPS steps}."""
@@ -113,7 +112,7 @@ def _run_every_schedule(
     _assert_same_config(make_config("stream", STEPS, base), stream)
     for schedule in schedules:
         out[schedule] = str(base / schedule)
-        train_in_child(make_config(schedule, STEPS, base), out[schedule])
+        train.run(make_config(schedule, STEPS, base), out[schedule])
     return out
 
 
@@ -136,11 +135,9 @@ def _assert_same_config(config, workdir):
 
 
 @pytest.fixture(scope="module")
-def grpo_runs(tmp_path_factory, warm_start, shared_run, train_in_child):
+def grpo_runs(tmp_path_factory, warm_start, shared_run):
     base = tmp_path_factory.mktemp("grpo")
-    runs = _run_every_schedule(
-        train_in_child, _grpo_config, base, warm_start("grpo"), shared_run("grpo")
-    )
+    runs = _run_every_schedule(_grpo_config, base, warm_start("grpo"), shared_run("grpo"))
     return base, runs
 
 
@@ -211,13 +208,13 @@ def test_entry_point_and_config_mismatch_is_a_clear_error(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_grpo_on_terminal_tasks(tmp_path, train_in_child):
+def test_grpo_on_terminal_tasks(tmp_path):
     c = _grpo_config("stream", 1, tmp_path)
     c.env.family = "terminal"
     c.sft.steps = 4  # plumbing: the terminal family's tasks, demonstrations and verifier
     c.rl.shared_prompt = True  # and each group's prompt forwarded / backpropagated once
     wd = str(tmp_path / "run")
-    train_in_child(c, wd)
+    train.run(c, wd)
     (m,) = _metrics(wd)
     assert m["tokens"] > 0 and m["rollout_failures"] == 0
     assert np.isfinite(m["grad_norm"])
@@ -237,22 +234,22 @@ def _opd_config(schedule, steps, base):
 
 
 @pytest.fixture(scope="module")
-def opd_runs(tmp_path_factory, warm_start, shared_run, train_in_child):
+def opd_runs(tmp_path_factory, warm_start, shared_run):
     # group is left to tests/algorithms/opd_test.py (the same planner path, no engines)
     base = tmp_path_factory.mktemp("opd")
     runs = _run_every_schedule(
-        train_in_child, _opd_config, base, warm_start("opd"), shared_run("opd"), ("sync", "async")
+        _opd_config, base, warm_start("opd"), shared_run("opd"), ("sync", "async")
     )
     # One gradient per trajectory when it ends, instead of per-turn segments (the default).
     c = _opd_config("stream", STEPS, base)
     c.rl.opd_granularity = "trajectory"
     runs["trajectory"] = str(base / "trajectory")
-    train_in_child(c, runs["trajectory"])
+    train.run(c, runs["trajectory"])
     # Granularity chosen per step by the predictor (3 steps: two explore, then it predicts).
     c = _opd_config("stream", AUTO_STEPS, base)
     c.rl.opd_granularity = "auto"
     runs["auto"] = str(base / "auto")
-    train_in_child(c, runs["auto"])
+    train.run(c, runs["auto"])
     return runs
 
 

@@ -91,8 +91,7 @@ def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
 )
 def test_gpu_recipes_compile_on_8_fake_devices_and_fit(experiment, config, override):
     # The session's compilation cache (tests/conftest.py) is inherited: b200 and h200 (LoRA)
-    # compile the same programs. XLA's default optimization: with the compile-fast flags the
-    # 64-layer scanned b200:full took 388 s against 196 (both beside other runs).
+    # compile the same programs.
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     args = ["-m", f"experiments.{experiment}", f"--config={config}", "--dry_run"]
     out = _run(args + ([override] if override else []), env)

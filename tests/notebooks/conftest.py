@@ -1,6 +1,5 @@
 """Runs a notebook of notebooks/ in a fresh kernel and hands back what it printed and showed."""
 
-import os
 import pathlib
 
 import nbformat
@@ -11,7 +10,7 @@ NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @pytest.fixture(scope="session")
-def run_notebook(compile_fast_xla_flags):
+def run_notebook():
     """Factory: `run(name, timeout, cwd=repo root)` -> (outputs, stdout text) after executing.
 
     Fails on any error output, so each test only checks what its notebook reports.
@@ -21,7 +20,7 @@ def run_notebook(compile_fast_xla_flags):
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
         NotebookClient(
             nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
-        ).execute(env=dict(os.environ, XLA_FLAGS=compile_fast_xla_flags(8)))  # tiny programs
+        ).execute()
         outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
         errors = [o for o in outputs if o.output_type == "error"]
         assert not errors, errors
