@@ -39,6 +39,7 @@ def test_cpu_check_writes_learner_and_vllm_figures(tmp_path):
     assert v["generate_tokens_per_s"] > 0 and v["publish_gbytes_per_s"] > 0
 
 
+@pytest.mark.slow  # a child process
 def test_cpu_long_sequence_part_reports_both_attention_paths(tmp_path):
     out = tmp_path / "long.json"
     cmd = [sys.executable, "-m", "experiments.gpu_check", "--cpu", f"--out={out}"]

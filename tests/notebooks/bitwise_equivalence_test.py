@@ -1,8 +1,10 @@
 """Executes notebooks/bitwise_equivalence.ipynb: every schedule ends at the same bits."""
 
+import pytest
 import re
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_notebook_schedules_are_bitwise_equal(run_notebook):
     outputs, text = run_notebook("bitwise_equivalence.ipynb", timeout=600)
     assert int(re.search(r"BITWISE_EQUAL_SCHEDULES=(\d+)", text).group(1)) == 8

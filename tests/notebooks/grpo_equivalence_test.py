@@ -1,10 +1,12 @@
 """Executes notebooks/grpo_equivalence.ipynb and checks the errors it reports."""
 
+import pytest
 import pathlib
 import re
 import sys
 
 
+@pytest.mark.slow  # a notebook kernel
 def test_notebook_streaming_equals_synchronous(run_notebook):
     outputs, text = run_notebook(
         "grpo_equivalence.ipynb", timeout=300, cwd=pathlib.Path(__file__).parents[2] / "notebooks"
