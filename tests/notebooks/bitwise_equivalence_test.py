@@ -1,7 +1,8 @@
 """Executes notebooks/bitwise_equivalence.ipynb: every schedule ends at the same bits."""
 
-import pytest
 import re
+
+import pytest
 
 
 @pytest.mark.slow  # a notebook kernel

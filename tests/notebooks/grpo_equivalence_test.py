@@ -1,9 +1,10 @@
 """Executes notebooks/grpo_equivalence.ipynb and checks the errors it reports."""
 
-import pytest
 import pathlib
 import re
 import sys
+
+import pytest
 
 
 @pytest.mark.slow  # a notebook kernel
