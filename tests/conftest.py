@@ -31,6 +31,11 @@ for _flag in _TEST_XLA_FLAGS + _COMPILE_FAST_XLA_FLAGS:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
+# Rollout engines (rollout/manager.py) run at XLA's defaults: a few programs (prefill, decode)
+# executed for thousands of steps in every end-to-end run, compiled once per session (measured,
+# warm 2-step smoke run: engine 10.6 vs 19.5 CPU-s; BENCHMARKS.md "Test suite").
+os.environ.setdefault("THUNDERSYNC_ENGINE_XLA_FLAGS", _TEST_XLA_FLAGS[0])
+
 # One persistent compilation cache and one warm-start (SFT) cache for everything the session
 # starts: set here, before jax is imported, in the process that starts the xdist workers, so
 # the workers, `python -m experiments.*` subprocesses, launch_local children, engine processes
@@ -211,14 +216,17 @@ def warm_start():
     os.makedirs(root, exist_ok=True)
 
     def make(family: str) -> str:
-        return _run_once(f"init-{family}", lambda: _warm_start_config(family, root))
+        return _run_once(
+            f"init-{family}", lambda: _warm_start_config(family, root), xla_defaults=True
+        )
 
     return make
 
 
-def _run_once(name: str, make_config) -> str:
+def _run_once(name: str, make_config, xla_defaults: bool = False) -> str:
     """TSJ_TEST_SFT_CACHE/`name`: `train.run(make_config())` there unless a previous caller (any
-    worker of the session) finished it; under a file lock, so it is never run twice at once."""
+    worker of the session) finished it; under a file lock, so it is never run twice at once.
+    `xla_defaults`: train with XLA's own optimizations (`_train_in_a_child`)."""
     import fcntl
 
     root = os.environ["TSJ_TEST_SFT_CACHE"]
@@ -226,13 +234,16 @@ def _run_once(name: str, make_config) -> str:
     with open(os.path.join(root, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
-            _train_in_a_child(make_config(), workdir)
+            _train_in_a_child(make_config(), workdir, xla_defaults)
     return workdir
 
 
-def _train_in_a_child(config, workdir: str) -> None:
-    """`train.run(config, workdir)` in a child process without the compile-fast XLA flags:
-    a warm start is ~120 full-batch steps, whose programs then run ~35% faster."""
+def _train_in_a_child(config, workdir: str, xla_defaults: bool = False) -> None:
+    """`train.run(config, workdir)` in a child process without the compile-fast XLA flags
+    (programs run ~35% faster), and with `xla_defaults` at XLA's own optimization level too:
+    a warm start is 120 full-batch steps of one program, where a compiled-once program's speed
+    is what counts (measured: 0.9 vs 1.6 s per SFT step; the warm start's losses and the smoke
+    run's rewards and mixed groups are unchanged, BENCHMARKS.md "Test suite")."""
     import pickle
     import subprocess
     import sys
@@ -245,7 +256,8 @@ def _train_in_a_child(config, workdir: str) -> None:
         "train.run(pickle.load(open(sys.argv[1], 'rb')), sys.argv[2])"
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    flags = [f for f in os.environ["XLA_FLAGS"].split() if f not in _COMPILE_FAST_XLA_FLAGS]
+    dropped = _COMPILE_FAST_XLA_FLAGS + (_TEST_XLA_FLAGS[1:] if xla_defaults else ())
+    flags = [f for f in os.environ["XLA_FLAGS"].split() if f not in dropped]
     env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1", XLA_FLAGS=" ".join(flags))
     out = subprocess.run([sys.executable, "-c", script, path, workdir], cwd=repo, env=env,
                          capture_output=True, text=True)  # fmt: skip

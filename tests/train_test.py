@@ -1,9 +1,10 @@
 """End to end: the one training loop (engine processes, sandboxed tools, verifiers, learner).
 
 GRPO on `configs/cpu.py:smoke` with no entropy or KL term: the warm start solves some but
-not all members of a group, so the update is the pure policy-gradient term. sync, group and
-stream must move the parameters and end at the same ones (float32 summation order apart),
-with identical per-step rewards; async reports a policy lag of 1 (every trajectory sampled
+not all members of a group, so the update is the pure policy-gradient term. sync and stream
+(and group, nightly: make test proves it bitwise, train_deterministic_test.py) must move the
+parameters and end at the same ones (float32 summation order apart), with identical per-step
+rewards; async reports a policy lag of 1 (every trajectory sampled
 by one policy); (nightly) a run killed with SIGKILL resumes to the same parameters as an
 uninterrupted one (make test proves it bitwise: train_deterministic_test.py). OPD on
 `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and reverse_kl), including
@@ -104,7 +105,7 @@ def _assert_exact_engine_logprobs(wd):
             assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
 
 
-def _run_every_schedule(make_config, base, init, stream, schedules=("sync", "group", "async")):
+def _run_every_schedule(make_config, base, init, stream, schedules=("sync", "async")):
     """{"init": the warm start exported (the session's, conftest `warm_start`), "stream": the
     session's shared stream run (conftest `shared_run`, the same config), schedule: workdir
     after STEPS steps}."""
@@ -136,9 +137,20 @@ def _assert_same_config(config, workdir):
 
 @pytest.fixture(scope="module")
 def grpo_runs(tmp_path_factory, warm_start, shared_run):
+    # `group` is proved end to end bitwise (tests/train_deterministic_test.py: sync = group =
+    # stream on exact tallies; the schedule does not depend on the tallies' number format) and
+    # in float at planner level (tests/algorithms/grpo_test.py); its float run here is nightly.
     base = tmp_path_factory.mktemp("grpo")
     runs = _run_every_schedule(_grpo_config, base, warm_start("grpo"), shared_run("grpo"))
     return base, runs
+
+
+@pytest.mark.nightly
+def test_grpo_group_schedule_reaches_the_sync_parameters(grpo_runs):
+    base, wd = grpo_runs
+    group = str(base / "group")
+    train.run(_grpo_config("group", STEPS, base), group)
+    _assert_schedules_agree({**wd, "group": group}, ("reward_mean", "tokens", "mixed_groups"))
 
 
 def test_grpo_schedules_reach_the_same_parameters_on_a_pure_pg_update(grpo_runs):

@@ -6,6 +6,11 @@
     for res in mgr.generate(requests): ...
     mgr.close()
 
+Engine processes inherit this process's environment, except that $THUNDERSYNC_ENGINE_XLA_FLAGS,
+when set, replaces XLA_FLAGS in theirs: an engine runs a few programs (prefill, decode) for
+thousands of steps, so it may want XLA's full optimizations where the learner was started
+with compile-fast flags (the test suite does this: tests/README.md).
+
 A monitor thread checks every engine each `heartbeat_s`: a process that exited, or one that
 has not answered a health call for `heartbeat_timeout_s`, is killed and restarted. The new
 process reloads the current snapshot, and the requests that were in flight on the old one are
@@ -31,6 +36,9 @@ from typing import Any
 from thundersync_jax.rollout import protocol
 from thundersync_jax.rollout.client import EngineClient, ResultCallback, acknowledged_version
 from thundersync_jax.rollout.protocol import EngineError, GenerateRequest, GenerateResult
+
+# When set: the engine processes' XLA_FLAGS (module docstring).
+ENGINE_XLA_FLAGS_ENV = "THUNDERSYNC_ENGINE_XLA_FLAGS"
 
 
 @dataclasses.dataclass
@@ -90,6 +98,8 @@ class EngineManager:
         self.start_timeout_s = start_timeout_s
         self.max_restarts = max_restarts
         self.env = {**os.environ, **(env or {})}
+        if self.env.get(ENGINE_XLA_FLAGS_ENV):
+            self.env["XLA_FLAGS"] = self.env[ENGINE_XLA_FLAGS_ENV]
         if engine_envs is not None and len(engine_envs) != num_engines:
             raise ValueError(f"engine_envs has {len(engine_envs)} maps for {num_engines} engines")
         self.engine_envs = list(engine_envs or [{}] * num_engines)
