@@ -51,6 +51,23 @@ def request_seed(request: GenerateRequest) -> int:
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 1
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _one_process(kwargs: dict) -> None:
+    """vLLM's CPU backend with one worker: engine core and worker in this process (unless the
+    kwargs or the environment chose otherwise). By default vLLM spawns an engine-core process
+    that spawns a worker process, each importing vllm and torch again: measured, a tiny model
+    starts in 14 s and 17 CPU-s instead of 30 s and 32 CPU-s (BENCHMARKS.md "Test suite"). On
+    GPUs the separate engine core overlaps scheduling with the forward pass; there it stays."""
+    kwargs.setdefault("distributed_executor_backend", "uni")
+    if kwargs["distributed_executor_backend"] == "uni":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 def _sparse_layers(hf_config: dict) -> tuple[bool, ...]:
     from thundersync_jax.models import auto
 
@@ -115,6 +132,8 @@ class VLLMBackend:
             logprobs_mode="processed_logprobs",  # log-probs of the distribution sampled from
         )
         kwargs.update(json.loads(args.vllm_kwargs))
+        if args.tp_size == 1 and _on_cpu():
+            _one_process(kwargs)
         return cls(vllm.LLM(**kwargs), hf_config, max_seq_len=args.max_seq_len)
 
     def _sampling_params(self, sp: Any, seed: int | None, **extra: Any):
