@@ -29,6 +29,7 @@ import time
 import pytest
 
 from thundersync_jax.metrics import read_metrics
+from thundersync_jax.rollout.client import EngineClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -90,12 +91,12 @@ def _per_step(workdir, key):
 
 
 def _engine_killed_in_step_two(cmd, workdir, base):
-    """Runs `cmd` to the end, SIGKILLing its rollout engine inside the second batch's rollouts;
-    returns the engine manager's restart line."""
+    """Runs `cmd` to the end, SIGKILLing its rollout engine while it decodes the second batch's
+    requests; returns the engine manager's restart line."""
     proc = _started_past_step_one(cmd, workdir, base, stderr=subprocess.PIPE, text=True)
     assert proc.poll() is None, f"the run ended before the engine kill (rc {proc.returncode})"
-    engine = _engine_pid(proc.pid)
-    _wait_until_decoding(engine)
+    engine, address = _engine(proc.pid)
+    _wait_until_decoding(address, version=1)
     os.kill(engine, signal.SIGKILL)
     _, err = proc.communicate(timeout=3000)
     assert proc.returncode == 0, err[-3000:]
@@ -104,25 +105,22 @@ def _engine_killed_in_step_two(cmd, workdir, base):
     return line
 
 
-def _wait_until_decoding(pid: int, window_s: float = 0.2, windows: int = 3) -> None:
-    """Returns once process `pid` has been busy (>= half a core) `windows` windows in a row:
-    the engine decodes only while requests are in flight (a weight load is one short burst)."""
-    busy, deadline = 0, time.time() + 600
-    while busy < windows and time.time() < deadline:
-        before = _cpu_s(pid)
-        time.sleep(window_s)
-        busy = busy + 1 if _cpu_s(pid) - before >= window_s / 2 else 0
-    assert busy == windows, "the engine never decoded"
+def _wait_until_decoding(address: str, version: int, requests: int = 2) -> None:
+    """Returns once the engine serves `version` (the second batch's weights) with at least
+    `requests` requests admitted or queued, asked over its own health call (a CPU-busy probe
+    mistook a slow weight load on a loaded machine for decoding)."""
+    deadline = time.time() + 600
+    with EngineClient(address) as client:
+        while time.time() < deadline:
+            status = client.health(timeout_s=60)
+            if status["version"] >= version and status["active"] + status["queued"] >= requests:
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"the engine never decoded version {version}: {status}")
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
-    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
-
-
-def _engine_pid(run_pid: int) -> int:
-    """The pid of the rollout engine that the run `run_pid` started."""
+def _engine(run_pid: int) -> tuple[int, str]:
+    """(pid, address) of the rollout engine that the run `run_pid` started."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -130,7 +128,7 @@ def _engine_pid(run_pid: int) -> int:
         except OSError:
             continue
         if b"thundersync_jax.rollout.server" in args and str(run_pid).encode() in args:
-            return int(pid)
+            return int(pid), args[args.index(b"--address") + 1].decode()
     raise AssertionError(f"run {run_pid} has no rollout engine process")
 
 
