@@ -37,6 +37,8 @@ def _stream(acc, params, trajectories, seed):
     return state
 
 
+# 8-device programs, the unit tier's slowest compile: in make test, not test-quick.
+@pytest.mark.slow
 def test_all_reduced_replicas_equal_one_process_bitwise(params, random_grad):
     acc = accumulators.grpo(K, G, advantage="grpo", deterministic=True)
     batch = _batch(random_grad)

@@ -7,6 +7,7 @@ one group closed early, one singleton, one all-equal group) of ‖g − g_ref‖
 
 import jax
 import numpy as np
+import pytest
 
 from thundersync_jax import accumulators
 from thundersync_jax.accumulators import reference
@@ -54,6 +55,8 @@ def params_of(random_grad):
     return jax.tree.map(np.zeros_like, random_grad(np.random.default_rng(0)))
 
 
+# in make test, not test-quick: one of the unit tier's slowest (BENCHMARKS' error table)
+@pytest.mark.slow
 def test_error_table(random_grad):
     header = f"{'estimator':18s} {'loss_agg':25s} {'rewards 0..3':>13s} {'1000 + j/64':>12s}"
     lines = [header]

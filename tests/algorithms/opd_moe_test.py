@@ -132,7 +132,12 @@ def _rel_err(a, b) -> float:
 
 
 @pytest.mark.parametrize(
-    "schedule,seed", [("stream", 0), pytest.param("sync", 1, marks=pytest.mark.nightly)]
+    "schedule,seed",
+    # stream: in make test, not test-quick (one of the unit tier's slowest compiles)
+    [
+        pytest.param("stream", 0, marks=pytest.mark.slow),
+        pytest.param("sync", 1, marks=pytest.mark.nightly),
+    ],
 )
 def test_streamed_replayed_opd_equals_the_synchronous_replayed_update(setup, schedule, seed):
     graphdef, params, trajs = setup

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from thundersync_jax.bench import long_context
 
 TINY = ["--hidden=32", "--layers=1", "--heads=4", "--kv_heads=2", "--head_dim=16", "--vocab=512"]
@@ -12,6 +14,8 @@ def _rows(capsys, *flags):
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+# in make test, not test-quick: one of the unit tier's slowest (a benchmark's probe)
+@pytest.mark.slow
 def test_probe_prints_one_line_per_length_and_new_paths_grow_linearly(capsys):
     new = _rows(capsys)
     naive = _rows(capsys, "--naive")

@@ -77,6 +77,8 @@ def tiny():
     return config, learner, items
 
 
+# in make test, not test-quick: one of the unit tier's slowest (a calibration pass)
+@pytest.mark.slow
 def test_calibration_pass_times_every_chunk_of_the_batch_with_the_collector_off(tiny):
     config, learner, items = tiny
     seen = []

@@ -8,6 +8,8 @@ from experiments import eval_policy
 from thundersync_jax.models import qwen3
 
 
+# in make test, not test-quick: one of the unit tier's slowest (sandboxed episodes)
+@pytest.mark.slow
 def test_evaluates_a_saved_policy_on_every_task(tmp_path, random_qwen3):
     config = cpu.get_config("smoke")
     policy = tmp_path / "policy"

@@ -141,8 +141,9 @@ def _relative_error(x, y):
     [
         (1, "full", False),
         (3, "full", True),
-        (7, "lora", False),
-        (5, "remat", True),
+        # lora and remat: in make test, not test-quick (the slowest of the unit tier to compile)
+        pytest.param(7, "lora", False, marks=pytest.mark.slow),
+        pytest.param(5, "remat", True, marks=pytest.mark.slow),
         pytest.param(64, "full", False, marks=pytest.mark.slow),
     ],
 )

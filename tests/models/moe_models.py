@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import pytest
 from flax import nnx
 
 from thundersync_jax.models import auto, glm4_moe_lite, qwen3_moe
@@ -39,6 +40,10 @@ GLM = glm4_moe_lite.Glm4MoeLiteConfig(
     topk_group=2,
     routed_scaling_factor=1.5,
 )
+# GLM's variant of a test parametrized over both families: in `make test`, not in
+# `make test-quick` (the Qwen3-MoE variant keeps the edit loop's MoE coverage; GLM's MLA
+# programs are the slowest to compile of the unit tier).
+GLM_SLOW = pytest.param(GLM, marks=pytest.mark.slow)
 
 
 def random_model(cfg, seed=0):

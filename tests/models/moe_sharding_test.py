@@ -49,9 +49,10 @@ GLM8 = glm4_moe_lite.Glm4MoeLiteConfig(
     qk_nope_head_dim=4,
     v_head_dim=4,
 )
+GLM8_SLOW = pytest.param(GLM8, marks=pytest.mark.slow)  # in make test, not test-quick
 
 
-@pytest.mark.parametrize("cfg", [QWEN8, GLM8], ids=["qwen3_moe", "glm4_moe_lite"])
+@pytest.mark.parametrize("cfg", [QWEN8, GLM8_SLOW], ids=["qwen3_moe", "glm4_moe_lite"])
 def test_experts_split_over_the_mesh_match_one_device(cfg):
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 (fake) devices")
@@ -78,7 +79,7 @@ def test_experts_split_over_the_mesh_match_one_device(cfg):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("cfg", [QWEN8, GLM8], ids=["qwen3_moe", "glm4_moe_lite"])
+@pytest.mark.parametrize("cfg", [QWEN8, GLM8_SLOW], ids=["qwen3_moe", "glm4_moe_lite"])
 def test_checkpoint_loads_block_by_block_onto_expert_shards(cfg, tmp_path):
     """Each device reads only its experts' rows from the per-expert HF tensors."""
     if len(jax.devices()) < 8:

@@ -15,10 +15,10 @@ from thundersync_jax.rollout.protocol import GenerateRequest
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 )
-from moe_models import GLM, QWEN, random_model  # noqa: E402  (tiny random MoE models)
+from moe_models import GLM_SLOW, QWEN, random_model  # noqa: E402  (tiny random MoE models)
 
 
-@pytest.mark.parametrize("cfg", [QWEN, GLM], ids=["qwen3_moe", "glm4_moe_lite"])
+@pytest.mark.parametrize("cfg", [QWEN, GLM_SLOW], ids=["qwen3_moe", "glm4_moe_lite"])
 def test_engine_reports_the_routes_of_every_fed_token(cfg):
     model = random_model(cfg, seed=5)
     engine = embedded.EmbeddedEngine(model, max_batch=2, max_seq_len=40)
