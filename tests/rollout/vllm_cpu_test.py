@@ -67,7 +67,6 @@ def engine(tmp_path_factory):
         max_batch=8,
         max_seq_len=MAX_SEQ_LEN,
         memory_fraction=0.1,
-        vllm_kwargs={"enforce_eager": True},
     )
     probe = load_probe.learner_probe(CFG, atol=load_probe.default_atol("float32"))
     manager = EngineManager(

@@ -69,7 +69,6 @@ def test_moe_checkpoint_served_and_every_load_verified(tmp_path):
         max_batch=4,
         max_seq_len=128,
         memory_fraction=0.1,
-        vllm_kwargs={"enforce_eager": True},
     )
     manager = EngineManager(
         args,

@@ -238,8 +238,7 @@ def rollout_engines(config: Any, model_cfg: Any, workdir: str) -> EngineSpec:
     if ro.engine == "vllm":
         checkpoint, vllm_kwargs = engine_checkpoint(config, model_cfg, workdir)
         vllm_kwargs.update(json.loads(ro.vllm_kwargs or "{}"))
-        if not places[0].gpus:  # vLLM's CPU backend: a small KV cache, no graph capture
-            vllm_kwargs.setdefault("enforce_eager", True)
+        if not places[0].gpus:  # vLLM's CPU backend: a small KV cache (vllm_engine: eager)
             kwargs["memory_fraction"] = float(ro.cpu_memory_fraction)
         elif replays_vllm_routes(config):  # each result then carries its tokens' routes
             vllm_kwargs.setdefault("enable_return_routed_experts", True)

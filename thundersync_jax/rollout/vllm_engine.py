@@ -57,14 +57,17 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def _one_process(kwargs: dict) -> None:
-    """vLLM's CPU backend with one worker: engine core and worker in this process (unless the
-    kwargs or the environment chose otherwise). By default vLLM spawns an engine-core process
-    that spawns a worker process, each importing vllm and torch again: measured, a tiny model
-    starts in 14 s and 17 CPU-s instead of 30 s and 32 CPU-s (BENCHMARKS.md "Test suite"). On
-    GPUs the separate engine core overlaps scheduling with the forward pass; there it stays."""
-    kwargs.setdefault("distributed_executor_backend", "uni")
-    if kwargs["distributed_executor_backend"] == "uni":
+def _cpu_defaults(kwargs: dict, tp_size: int) -> None:
+    """vLLM's CPU backend, unless the kwargs or the environment chose otherwise: eager (no
+    graph capture), and with one worker the engine core and worker in this process. By default
+    vLLM spawns an engine-core process that spawns a worker process, each importing vllm and
+    torch again: measured, a tiny model starts in 14 s and 17 CPU-s instead of 30 s and 32
+    CPU-s (BENCHMARKS.md "Test suite"). On GPUs the separate engine core overlaps scheduling
+    with the forward pass; there it stays."""
+    kwargs.setdefault("enforce_eager", True)
+    if tp_size == 1:
+        kwargs.setdefault("distributed_executor_backend", "uni")
+    if kwargs.get("distributed_executor_backend") == "uni":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
@@ -132,8 +135,8 @@ class VLLMBackend:
             logprobs_mode="processed_logprobs",  # log-probs of the distribution sampled from
         )
         kwargs.update(json.loads(args.vllm_kwargs))
-        if args.tp_size == 1 and _on_cpu():
-            _one_process(kwargs)
+        if _on_cpu():
+            _cpu_defaults(kwargs, args.tp_size)
         return cls(vllm.LLM(**kwargs), hf_config, max_seq_len=args.max_seq_len)
 
     def _sampling_params(self, sp: Any, seed: int | None, **extra: Any):
