@@ -1,5 +1,7 @@
 """Run by launch_local in the tests: one replica of a 2-process cross-process sum."""
 
+import json
+import os
 import sys
 
 import jax
@@ -9,6 +11,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from thundersync_jax import distributed
 from thundersync_jax.learner import replicas
+
+
+def _out_dir() -> str:
+    return next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out="))
 
 
 def main() -> None:
@@ -32,7 +38,16 @@ def main() -> None:
     (fn,) = summer.compiled_programs.values()
     lifted = tuple(replicas._lift(x, mesh) for x in jax.tree.leaves(tree))
     hlo = fn.lower(lifted).compile().as_text()
-    print("ALLREDUCE", hlo.count(" all-reduce("), hlo.count("all-reduce-start("), flush=True)
+    # Written to a file: gloo's C++ start-up warning shares stdout unflushed and can split
+    # a printed line.
+    with open(os.path.join(_out_dir(), f"p{info.index}.json"), "w") as f:
+        json.dump(
+            {
+                "all_reduce": hlo.count(" all-reduce("),
+                "all_reduce_start": hlo.count("all-reduce-start("),
+            },
+            f,
+        )
     expect = sum(
         np.random.default_rng(100 + p).normal(size=(6, 4)).astype(np.float32)
         for p in range(info.count)
@@ -42,12 +57,11 @@ def main() -> None:
     np.testing.assert_allclose(got, expect, rtol=1e-6)
     replicas.check_replicas_identical(total, step=0)
     print(f"OK {info.index} {info.count} {jnp.sum(total['b'])}", flush=True)
-    if len(sys.argv) > 1 and sys.argv[1] == "die" and info.index == 1:
-        import os
+    if "die" in sys.argv[1:] and info.index == 1:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
-    if len(sys.argv) > 1 and sys.argv[1] == "die":
+    if "die" in sys.argv[1:]:
         import time
 
         time.sleep(120)  # process 0 would wait for ever; the launcher must stop it
