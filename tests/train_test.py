@@ -300,10 +300,8 @@ def test_opd_auto_explores_then_follows_the_predictor(opd_runs):
     sync_after = {n: _checkpoint_params(opd_runs["sync"], n) for n in (STEPS - 1, STEPS)}
     d = _dist(_checkpoint_params(opd_runs["auto"], STEPS), sync_after[STEPS])
     assert d <= 1e-3 * _dist(sync_after[STEPS], sync_after[STEPS - 1]), d
-    # the open trajectories' learner caches are counted (`trajectory` keeps none)
-    sync = _metrics(opd_runs["sync"])
-    assert ms[0]["opd_granularity_turn"] == 1.0 and ms[1]["opd_granularity_turn"] == 0.0
-    assert sync[1]["accum_bytes_peak"] > ms[1]["accum_bytes_peak"]
+    # the open trajectories' learner caches are counted (`trajectory`, step 1, keeps none)
+    assert _metrics(opd_runs["sync"])[1]["accum_bytes_peak"] > ms[1]["accum_bytes_peak"]
 
 
 def _checkpoint_params(workdir, step):
