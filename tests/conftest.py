@@ -227,6 +227,12 @@ def _run_once(name: str, make_config, xla_defaults: bool = False) -> str:
     """TSJ_TEST_SFT_CACHE/`name`: `train.run(make_config())` there unless a previous caller (any
     worker of the session) finished it; under a file lock, so it is never run twice at once.
     `xla_defaults`: train with XLA's own optimizations (`_train_in_a_child`)."""
+    return _once(name, lambda workdir: _train_in_a_child(make_config(), workdir, xla_defaults))
+
+
+def _once(name: str, produce) -> str:
+    """TSJ_TEST_SFT_CACHE/`name` after `produce(workdir)` wrote its `final/` there, unless a
+    previous caller (any worker of the session) did; under a file lock, never twice at once."""
     import fcntl
 
     root = os.environ["TSJ_TEST_SFT_CACHE"]
@@ -234,7 +240,7 @@ def _run_once(name: str, make_config, xla_defaults: bool = False) -> str:
     with open(os.path.join(root, f".{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(os.path.join(workdir, "final", "model.safetensors")):
-            _train_in_a_child(make_config(), workdir, xla_defaults)
+            produce(workdir)
     return workdir
 
 
@@ -283,6 +289,57 @@ def shared_run(warm_start):
 
 
 SHARED_RUN_STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def deterministic_run(warm_start):
+    """Factory: `deterministic_run()` -> the workdir of `deterministic_command("sync", ...)`:
+    GRPO's smoke config on exact tallies, one learner process on 4 fake devices (fsdp=2 x
+    tp=2), 2 steps. The bits every other schedule, interruption and process count must
+    reproduce: tests/train_deterministic_test.py's `group` run (engine SIGKILLed mid-batch)
+    and tests/train_multiprocess_test.py's 2-process `stream` run (a process SIGKILLed, the
+    run resumed). Trained once per session, under a file lock, by whichever asks first."""
+
+    def make() -> str:
+        warm_start("grpo")  # its SFT cache entry, under its own lock
+        return _once("deterministic-sync", _launch_deterministic_sync)
+
+    return make
+
+
+def _launch_deterministic_sync(workdir: str) -> None:
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1")
+    out = subprocess.run(_deterministic_command("sync", workdir), cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=1800)  # fmt: skip
+    assert out.returncode == 0, f"{workdir} failed:\n{out.stdout[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def deterministic_command():
+    """`(schedule, workdir, processes=1)` -> `deterministic_run`'s command line under
+    `schedule` (`_deterministic_command`)."""
+    return _deterministic_command
+
+
+def _deterministic_command(schedule: str, workdir: str, processes: int = 1) -> list[str]:
+    """`deterministic_run`'s command line under `schedule` (launch_local, 4 fake devices and
+    fsdp=2 x tp=2 per process, replicas checked bitwise every step)."""
+    import sys
+
+    root = os.environ["TSJ_TEST_SFT_CACHE"]
+    return [sys.executable, "-m", "experiments.launch_local", f"--num_processes={processes}",
+            "--devices_per_process=4", "--grace_s=5", "--",
+            sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
+            f"--workdir={workdir}", f"--config.schedule={schedule}",
+            f"--config.num_steps={SHARED_RUN_STEPS}", "--config.seed=42",
+            "--config.rl.deterministic=True", f"--config.sft.cache_dir={root}",
+            f"--config.rollout.snapshot_root={os.path.join(root, 'shm')}",
+            "--config.metrics.timeline_every=0", "--config.metrics.tensorboard=False",
+            "--config.mesh.fsdp=2", "--config.mesh.tp=2",
+            "--config.distributed.debug_check_replicas=True"]  # fmt: skip
 
 
 def shared_run_config(family: str, root: str):

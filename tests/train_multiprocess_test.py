@@ -5,14 +5,14 @@ GRPO (`configs/cpu.py:smoke`, stream) and OPD (`configs/terminal_opd_cpu.py:smok
 same final parameters within 1e-4 of the update and identical per-step rewards (keyed
 sampling: a trajectory does not depend on which process samples it); replicas checked
 bitwise identical every step (debug mode); process 0's metrics carry every process's
-learner figures. The 2-process run is SIGKILLed (process 1, inside step 2) and relaunched:
-the kill ends the run (no hang) and the relaunch resumes from the step-1 checkpoint, so the
-comparison with the uninterrupted one-process run proves the resume too (one launch instead
-of an uninterrupted 2-process run beside a killed one). GRPO's 2-process run is also
-`rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise the run
-of one process on the same 4-device mesh, kill and resume included (the batch end
-all-reduces exact fixed-point tallies). The `batch` advantage (batch-wide mean and std, float
-tallies) matches too.
+learner figures. GRPO's 2-process run (OPD's too, under --nightly) is SIGKILLed (process 1,
+inside step 2) and relaunched: the kill ends the run (no hang) and the relaunch resumes from
+the step-1 checkpoint, so the comparison with the uninterrupted one-process run proves the
+resume too (one launch instead of an uninterrupted 2-process run beside a killed one). GRPO's
+is also `rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise
+the `sync` run of one process on the same 4-device mesh (conftest `deterministic_run`), kill
+and resume included (the batch end all-reduces exact fixed-point tallies). The `batch`
+advantage (batch-wide mean and std, float tallies) matches too.
 The warm start is trained once per family for the whole session and shared through
 `sft.cache_dir` (TSJ_TEST_SFT_CACHE, tests/conftest.py): GRPO at seed 42 and OPD at its
 config's seed, as in tests/train_test.py.
@@ -44,11 +44,16 @@ FAMILIES = {
 SEED_FLAGS = {"grpo": ["--config.seed=42"], "opd": []}
 # GRPO's 2-process run keeps exact tallies (test_deterministic_...); OPD's keeps float ones.
 DETERMINISTIC = {"grpo": ["--config.rl.deterministic=True"], "opd": []}
+# The family whose 2-process run is SIGKILLed and resumed in `make test`: GRPO's, whose
+# resumed result is then checked bitwise (the kill, the launcher's stop and the resume are
+# family-independent: train.py restores a whole train state whatever the algorithm). OPD's
+# run is killed too under --nightly.
+KILLED = ("grpo",)
 
 
-def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
-    """The run's command line; `launched` (default: processes > 1) starts it through
-    launch_local on 4 fake devices per process with an fsdp=2 x tp=2 mesh each."""
+def _command(algo, workdir, base, processes, steps=STEPS):
+    """The run's command line; with several processes, through launch_local on 4 fake devices
+    per process with an fsdp=2 x tp=2 mesh each."""
     module, config = FAMILIES[algo]
     cmd = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
            "--config.schedule=stream", f"--config.num_steps={steps}", *SEED_FLAGS[algo],
@@ -56,7 +61,7 @@ def _command(algo, workdir, base, processes, steps=STEPS, launched=None):
            "--config.checkpoint.every=1",
            f"--config.rollout.snapshot_root={base / 'shm'}", "--config.metrics.tensorboard=False",
            "--config.metrics.timeline_every=0"]  # fmt: skip
-    if not (processes > 1 if launched is None else launched):
+    if processes == 1:
         return cmd
     launcher = [sys.executable, "-m", "experiments.launch_local", f"--num_processes={processes}",
                 "--devices_per_process=4", "--grace_s=5", "--"]  # fmt: skip
@@ -91,6 +96,9 @@ def runs(request, tmp_path_factory, warm_start, shared_run):
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
     wd = {"init": warm_start(algo), "one": shared_run(algo), "two": str(base / "two")}
     cmd = [*_command(algo, wd["two"], base, 2), *DETERMINISTIC[algo]]
+    if algo not in KILLED and not request.config.getoption("--nightly"):
+        _run(cmd)
+        return algo, base, wd, None
     kill = _killed_in_step_two_then_resumed(cmd, wd["two"])
     return algo, base, wd, kill
 
@@ -150,6 +158,8 @@ def test_a_killed_process_ends_the_run_and_the_relaunch_resumes(runs):
     """The kill stopped the run quickly and before its end; the resumed run is the one
     `test_two_processes_end_at_the_one_process_parameters` compares (the same workdir)."""
     algo, _, wd, kill = runs
+    if kill is None:
+        pytest.skip(f"{algo}'s 2-process run is not killed (KILLED); --nightly kills it")
     assert kill["returncode"] != 0 and kill["stop_s"] < 120, (algo, kill["returncode"])
     assert "process 1 killed by signal 9" in kill["stderr"], kill["stderr"][-2000:]
     assert not kill["final_before_resume"], "killed after the last step"
@@ -158,17 +168,17 @@ def test_a_killed_process_ends_the_run_and_the_relaunch_resumes(runs):
     assert [m["step"] for m in read_metrics(os.path.join(wd["two"], "metrics.jsonl"))] == [0, 1]
 
 
-def test_deterministic_two_processes_are_bitwise_the_one_process_run(runs):
+def test_deterministic_two_processes_are_bitwise_the_one_process_run(runs, deterministic_run):
     # rl.deterministic: the processes all-reduce their exact fixed-point tallies, so the
-    # 2-process run's updates are bitwise those of ONE process on the same 4-device fsdp x tp
-    # mesh (same per-trajectory gradient programs) folding every group: both steps, through
-    # the kill and the resume. GRPO only (the exact sum is family-independent:
-    # tests/accumulators/exact_dp_test.py).
-    algo, base, wd, _ = runs
+    # 2-process `stream` run's updates are bitwise those of ONE process on the same 4-device
+    # fsdp x tp mesh (same per-trajectory gradient programs) folding every group under `sync`
+    # (the session's `deterministic_run`, also tests/train_deterministic_test.py's reference):
+    # both steps, through the kill and the resume. GRPO only (the exact sum is
+    # family-independent: tests/accumulators/exact_dp_test.py).
+    algo, _, wd, _ = runs
     if algo != "grpo":
         pytest.skip("one family suffices for the exact all-reduce (suite time)")
-    one = str(base / "det1")
-    _run([*_command(algo, one, base, 1, launched=True), *DETERMINISTIC[algo]])
+    one = deterministic_run()
     ones, twos = _final(one), _final(wd["two"])
     assert _dist(ones, _final(wd["init"])) > 0, "the deterministic steps did not move"
     assert sorted(ones) == sorted(twos)

@@ -1,12 +1,13 @@
 """End to end: the one training loop (engine processes, sandboxed tools, verifiers, learner).
 
 GRPO on `configs/cpu.py:smoke` with no entropy or KL term: the warm start solves some but
-not all members of a group, so the update is the pure policy-gradient term. sync and stream
-(and group, nightly: make test proves it bitwise, train_deterministic_test.py) must move the
-parameters and end at the same ones (float32 summation order apart), with identical per-step
-rewards; async reports a policy lag of 1 (every trajectory sampled
-by one policy); (nightly) a run killed with SIGKILL resumes to the same parameters as an
-uninterrupted one (make test proves it bitwise: train_deterministic_test.py). OPD on
+not all members of a group, so the update is the pure policy-gradient term. The float stream
+run must move the parameters and end at the synchronous update's (the session's
+`deterministic_run`: sync on exact tallies; float32 summation order apart), with identical
+per-step rewards; async reports a policy lag of 1 (every trajectory sampled by one policy);
+(nightly) float sync and group runs the same way, and a run killed with SIGKILL resumes to the
+same parameters as an uninterrupted one (make test proves it bitwise:
+train_deterministic_test.py, train_multiprocess_test.py). OPD on
 `configs/terminal_opd_cpu.py:smoke` the same way (identical tokens and reverse_kl), including
 async; GRPO runs on the terminal task family too.
 
@@ -107,7 +108,7 @@ def _assert_exact_engine_logprobs(wd):
             assert m["engine_logprob_gap_max"] < 1e-3 and m["engine_logprob_gap_kl"] < 1e-6
 
 
-def _run_every_schedule(make_config, base, init, stream, schedules=("sync", "async")):
+def _run_every_schedule(make_config, base, init, stream, schedules):
     """{"init": the warm start exported (the session's, conftest `warm_start`), "stream": the
     session's shared stream run (conftest `shared_run`, the same config), schedule: workdir
     after STEPS steps}."""
@@ -138,13 +139,18 @@ def _assert_same_config(config, workdir):
 
 
 @pytest.fixture(scope="module")
-def grpo_runs(tmp_path_factory, warm_start, shared_run):
-    # `group` is proved end to end bitwise (tests/train_deterministic_test.py: sync = group =
-    # stream on exact tallies; the schedule does not depend on the tallies' number format) and
-    # in float at planner level (tests/algorithms/grpo_test.py); its float run here is nightly.
+def grpo_runs(tmp_path_factory, warm_start, shared_run, deterministic_run):
+    # The synchronous reference is the session's `deterministic_run` (tests/conftest.py: this
+    # config's `sync` on exact tallies, one process on a 4-device mesh): the float `stream` run
+    # must end within 1e-3 of its update with the same rewards, tokens and mixed groups.
+    # sync = group = stream is proved bitwise end to end (tests/train_deterministic_test.py,
+    # tests/train_multiprocess_test.py) and in float at planner level
+    # (tests/algorithms/grpo_test.py); the schedule does not depend on the tallies' number
+    # format, so the float `sync` and `group` runs are nightly.
     base = tmp_path_factory.mktemp("grpo")
-    runs = _run_every_schedule(_grpo_config, base, warm_start("grpo"), shared_run("grpo"))
-    return base, runs
+    init, stream = warm_start("grpo"), shared_run("grpo")
+    runs = _run_every_schedule(_grpo_config, base, init, stream, schedules=("async",))
+    return base, {**runs, "sync": deterministic_run()}
 
 
 @pytest.mark.nightly
@@ -164,11 +170,13 @@ def test_grpo_schedules_reach_the_same_parameters_on_a_pure_pg_update(grpo_runs)
     assert _metrics(wd["async"])[1]["mean_policy_lag"] == 1.0
 
 
-# Folded: tests/train_deterministic_test.py kills group and stream runs with SIGKILL inside
-# step 2 and proves the resumed runs bitwise equal to the uninterrupted one (issue 23).
+# Folded (issue 23): tests/train_multiprocess_test.py SIGKILLs the deterministic 2-process
+# stream run inside step 2 and proves the resumed run bitwise the uninterrupted sync one.
 @pytest.mark.nightly
 def test_sigkill_and_resume_ends_at_same_parameters(grpo_runs):
-    base, wd = grpo_runs
+    base, _ = grpo_runs
+    float_sync = str(base / "float_sync")
+    train.run(_grpo_config("sync", STEPS, base), float_sync)
     work = str(base / "killed")
     cmd = [
         sys.executable,
@@ -203,7 +211,7 @@ def test_sigkill_and_resume_ends_at_same_parameters(grpo_runs):
     proc.wait()
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=900)
     # sync's chunk order is fixed, so the resumed run is bitwise the uninterrupted one
-    d = _dist(_final(work), _final(wd["sync"]))
+    d = _dist(_final(work), _final(float_sync))
     assert d == 0.0, d
     assert [m["step"] for m in _metrics(work)] == list(range(STEPS))
 
