@@ -314,23 +314,23 @@ def _launch_deterministic_sync(workdir: str) -> None:
     env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1")
     out = subprocess.run(_deterministic_command("sync", workdir), cwd=repo, env=env,
                          capture_output=True, text=True, timeout=1800)  # fmt: skip
-    assert out.returncode == 0, f"{workdir} failed:\n{out.stdout[-4000:]}"
+    assert out.returncode == 0, f"{workdir} failed:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
 
 
 @pytest.fixture(scope="session")
 def deterministic_command():
-    """`(schedule, workdir, processes=1)` -> `deterministic_run`'s command line under
-    `schedule` (`_deterministic_command`)."""
+    """`(schedule, workdir)` -> `deterministic_run`'s command line under `schedule`
+    (`_deterministic_command`)."""
     return _deterministic_command
 
 
-def _deterministic_command(schedule: str, workdir: str, processes: int = 1) -> list[str]:
-    """`deterministic_run`'s command line under `schedule` (launch_local, 4 fake devices and
-    fsdp=2 x tp=2 per process, replicas checked bitwise every step)."""
+def _deterministic_command(schedule: str, workdir: str) -> list[str]:
+    """`deterministic_run`'s command line under `schedule` (launch_local, one process on 4
+    fake devices, fsdp=2 x tp=2, replicas checked bitwise every step)."""
     import sys
 
     root = os.environ["TSJ_TEST_SFT_CACHE"]
-    return [sys.executable, "-m", "experiments.launch_local", f"--num_processes={processes}",
+    return [sys.executable, "-m", "experiments.launch_local", "--num_processes=1",
             "--devices_per_process=4", "--grace_s=5", "--",
             sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
             f"--workdir={workdir}", f"--config.schedule={schedule}",

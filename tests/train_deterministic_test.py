@@ -56,7 +56,7 @@ def _engine_killed_in_step_two(cmd, workdir, log_path):
         while not os.path.isdir(first) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert proc.poll() is None, f"the run ended before the engine kill (rc {proc.returncode})"
-        engine, address = _engine(_children(proc.pid))
+        engine, address = _engine(launcher=proc.pid)
         _wait_until_decoding(address, version=1)
         os.kill(engine, signal.SIGKILL)
         proc.wait(timeout=1500)
@@ -82,31 +82,21 @@ def _wait_until_decoding(address: str, version: int, requests: int = 2) -> None:
     raise AssertionError(f"the engine never decoded version {version}: {status}")
 
 
-def _children(pid: int) -> set[int]:
-    """The pids whose parent is `pid` (launch_local's learner processes)."""
-    out = set()
-    for child in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{child}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.add(int(child))
-        except OSError:
-            continue
-    return out
-
-
-def _engine(run_pids: set[int]) -> tuple[int, str]:
-    """(pid, address) of the rollout engine that one of the runs `run_pids` started."""
+def _engine(launcher: int) -> tuple[int, str]:
+    """(pid, address) of the rollout engine started by the learner that `launcher`
+    (launch_local) started: the engine's `--parent-pid` is a child of the launcher."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read().split(b"\0")
+            if b"thundersync_jax.rollout.server" not in args:
+                continue
+            with open(f"/proc/{int(args[args.index(b'--parent-pid') + 1])}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == launcher:
+                    return int(pid), args[args.index(b"--address") + 1].decode()
         except OSError:
             continue
-        if b"thundersync_jax.rollout.server" in args and b"--parent-pid" in args:
-            if int(args[args.index(b"--parent-pid") + 1]) in run_pids:
-                return int(pid), args[args.index(b"--address") + 1].decode()
-    raise AssertionError(f"runs {run_pids} have no rollout engine process")
+    raise AssertionError(f"launch_local {launcher} started no rollout engine")
 
 
 def test_every_schedule_and_a_killed_engine_end_at_the_same_bits(
