@@ -63,8 +63,12 @@ sysdeps:
 
 # One compilation cache and one warm-start cache per run, shared by every process the suite
 # starts (tests/conftest.py): fresh each run, so no program outlives a code change; removed after.
+# Bytecode is written (PYTHONDONTWRITEBYTECODE emptied, as some shells set it): the environments
+# are installed without it (--no-compile), and the suite's hundreds of processes would otherwise
+# compile jax, transformers and torch from source in each one.
 define run_tests
 	cache=$$(mktemp -d -t tsj-test-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
+	PYTHONDONTWRITEBYTECODE= \
 	JAX_COMPILATION_CACHE_DIR=$$cache/xla JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 TSJ_TEST_SFT_CACHE=$$cache/sft \
 	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) $(1) $(PYTEST_ARGS)
@@ -90,7 +94,7 @@ test-all: environments
 	$(call run_tests,--nightly)
 
 run: setup
-	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
 
 # Style, the layer contracts of pyproject.toml (docs/design.md, "Layers") and dead code
 # (vulture, with the reviewed exceptions in vulture_whitelist.py); about 10 s.
