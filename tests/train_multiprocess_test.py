@@ -1,18 +1,20 @@
 """End to end: two data-parallel learner processes (launch_local, 2 x 4 fake CPU devices,
 fsdp=2 x tp=2 each) against the one-process, one-device run of the same config.
 
-GRPO (`configs/cpu.py:smoke`, stream) and OPD (`configs/terminal_opd_cpu.py:smoke`): the
-same final parameters within 1e-4 of the update and identical per-step rewards (keyed
-sampling: a trajectory does not depend on which process samples it); replicas checked
-bitwise identical every step (debug mode); process 0's metrics carry every process's
-learner figures. GRPO's 2-process run (OPD's too, under --nightly) is SIGKILLed (process 1,
-inside step 2) and relaunched: the kill ends the run (no hang) and the relaunch resumes from
-the step-1 checkpoint, so the comparison with the uninterrupted one-process run proves the
-resume too (one launch instead of an uninterrupted 2-process run beside a killed one). GRPO's
-is also `rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise
-the `sync` run of one process on the same 4-device mesh (conftest `deterministic_run`), kill
-and resume included (the batch end all-reduces exact fixed-point tallies). Under --nightly
-the `batch` advantage (batch-wide mean and std, float tallies) is run in 2 processes too; in
+GRPO (`configs/cpu.py:smoke`, stream) and, under --nightly, OPD
+(`configs/terminal_opd_cpu.py:smoke`; in `make test` its batch-end exchange and metrics
+merge are tests/schedule/data_parallel_test.py's, in two real processes): the same final
+parameters within 1e-4 of the update and identical per-step rewards (keyed sampling: a
+trajectory does not depend on which process samples it); replicas checked bitwise identical
+every step (debug mode); process 0's metrics carry every process's learner figures. GRPO's
+2-process run (OPD's too, under --nightly) is SIGKILLed (process 1, inside step 2) and
+relaunched: the kill ends the run (no hang) and the relaunch resumes from the step-1
+checkpoint, so the comparison with the uninterrupted one-process run proves the resume too
+(one launch instead of an uninterrupted 2-process run beside a killed one). GRPO's is also
+`rl.deterministic=True`: besides matching the (float) one-process run, it is bitwise the
+`sync` run of one process on the same 4-device mesh (conftest `deterministic_run`), kill and
+resume included (the batch end all-reduces exact fixed-point tallies). Under --nightly the
+`batch` advantage (batch-wide mean and std, float tallies) is run in 2 processes too; in
 `make test` its batch-end exchange is tests/schedule/data_parallel_test.py's.
 The warm start is trained once per family for the whole session and shared through
 `sft.cache_dir` (TSJ_TEST_SFT_CACHE, tests/conftest.py): GRPO at seed 42 and OPD at its
@@ -88,7 +90,14 @@ def _rewards(workdir):
     return [m["reward_mean"] for m in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# OPD's 2-process run is nightly (~120 s): the loop, the launcher and the resume around the
+# batch end are the same code for both families (GRPO's run proves them), and OPD's own part
+# of the batch end (its token-mean totals, the reverse-KL merge) is proved in two processes by
+# tests/schedule/data_parallel_test.py.
+FAMILY_PARAMS = [pytest.param("grpo"), pytest.param("opd", marks=pytest.mark.nightly)]
+
+
+@pytest.fixture(scope="module", params=FAMILY_PARAMS)
 def runs(request, tmp_path_factory, warm_start, shared_run):
     """(algo, base, {"init", "one", "two": workdir}, kill); "init": the session's warm start,
     "one": the session's one-process stream run of this config (conftest `shared_run`, also

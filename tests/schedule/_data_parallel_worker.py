@@ -22,6 +22,7 @@ from configs import cpu
 from thundersync_jax import accumulators, distributed
 from thundersync_jax.algorithms import grpo
 from thundersync_jax.learner import replicas
+from thundersync_jax.schedule.batch_tally import BatchTally, tally_metrics
 from thundersync_jax.schedule.data_parallel import DataParallel
 
 K = 4  # groups in the batch: two per process
@@ -113,6 +114,43 @@ def _case(name, dp, acc, fold, params, members) -> dict:
     }
 
 
+def _tally(groups, seed: int) -> tuple[BatchTally, float]:
+    """An OPD-like tally of `groups` (2 members each, 3 turns a member) and its reverse KL."""
+    rng = np.random.default_rng(seed)
+    tally = BatchTally()
+    for k in groups:
+        for _ in range(2):
+            reward = float(rng.integers(0, 2))
+            lags = [int(rng.integers(0, 3)) for _ in range(3)]
+            tally = tally.add(tokens=int(rng.integers(1, 40)), rewards=[(k, reward)], lags=lags)
+    return tally, round(float(rng.normal()), 6)
+
+
+def _metrics_case(dp) -> dict:
+    """`merge_metrics` over the two processes' tallies = the metrics of one whole-batch tally:
+    tokens and mixed groups summed, the reward mean over every member, the policy lag mean
+    weighted by items, OPD's reverse KL weighted by tokens, per-process lists in process order."""
+    parts = [_tally([k for k in range(K) if k % 2 == p], seed=30 + p) for p in (0, 1)]
+    mine, kl = parts[dp.info.index]
+    merged = dp.merge_metrics({**tally_metrics(mine), "reverse_kl": kl}, mine, num_members=2 * K)
+    tallies = [t for t, _ in parts]
+    whole = BatchTally(sum(t.tokens for t in tallies), sum((t.rewards for t in tallies), ()),
+                       sum((t.lags for t in tallies), ()))  # fmt: skip
+    want = tally_metrics(whole)
+    want["reverse_kl"] = round(sum(k * t.tokens for t, k in parts) / whole.tokens, 6)
+    want["tokens_per_process"] = [t.tokens for t, _ in parts]
+    want["max_policy_lag_per_process"] = [max(t.lags) for t, _ in parts]
+    wrong = {k: (merged.get(k), v) for k, v in want.items() if not _same(merged.get(k), v)}
+    return {"case": "metrics", "wrong": repr(wrong), "checked": sorted(want)}
+
+
+def _same(got, want) -> bool:
+    """Floats to 1e-12 relative (the merge sums in float64, in another order); others exactly."""
+    if isinstance(want, float):
+        return isinstance(got, (int, float)) and abs(got - want) <= 1e-12 * max(1.0, abs(want))
+    return got == want
+
+
 def main() -> None:
     info = distributed.initialize(init_timeout_s=60, heartbeat_timeout_s=10)
     local = Mesh(
@@ -130,6 +168,7 @@ def main() -> None:
     members = _batch(2, params, seed=8)
     opd = accumulators.opd(loss_agg="token-mean")  # as algorithms/opd.py builds it
     results.append(_case("opd", DataParallel.from_config(c, info), opd, _fold_opd, params, members))
+    results.append(_metrics_case(DataParallel.from_config(c, info)))
     out = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out="))
     with open(os.path.join(out, f"p{info.index}.json"), "w") as f:
         json.dump(results, f)

@@ -35,8 +35,9 @@ def test_two_processes_finalize_to_the_one_process_gradient(tmp_path):
     and the cross-process sum give the gradient of ONE state that folded the whole batch, on
     both processes (checked bitwise identical), the params' shardings kept: GRPO's `batch`
     and per-group advantages, the exact sum of `rl.deterministic` (bitwise) and OPD's token
-    mean. The end-to-end runs of these (tests/train_multiprocess_test.py) prove the loop
-    around it; this is the batch-end exchange alone, one launch for every accumulator."""
+    mean. `merge_metrics` gives the metrics of one whole-batch tally (OPD's reverse KL
+    weighted by tokens among them). The end-to-end runs (tests/train_multiprocess_test.py)
+    prove the loop around it; this is the batch-end exchange alone, one launch in all."""
     worker = os.path.join(ROOT, "tests", "schedule", "_data_parallel_worker.py")
     cmd = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2",
            "--devices_per_process=4", "--grace_s=3", "--", sys.executable, worker,
@@ -47,7 +48,10 @@ def test_two_processes_finalize_to_the_one_process_gradient(tmp_path):
     per_process = [json.loads((tmp_path / f"p{p}.json").read_text()) for p in (0, 1)]
     assert per_process[0] == per_process[1]  # the same numbers on both replicas
     cases = {r["case"]: r for r in per_process[0]}
-    assert sorted(cases) == ["grpo-batch", "grpo-grpo", "grpo-grpo-exact", "opd"]
+    assert sorted(cases) == ["grpo-batch", "grpo-grpo", "grpo-grpo-exact", "metrics", "opd"]
+    merged = cases.pop("metrics")  # the step's metrics merged over processes = one tally's
+    assert merged["wrong"] == "{}", merged["wrong"]
+    assert {"reverse_kl", "reward_mean", "tokens", "mean_policy_lag"} <= set(merged["checked"])
     for name, r in cases.items():
         assert r["shardings_kept"], name
         assert r["scale"] > 0, name
