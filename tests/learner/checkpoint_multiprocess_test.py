@@ -3,8 +3,6 @@ each leaf is written once (replica 0 of a dp-replicated global array) and every 
 restores the same values onto its own shardings."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,19 +10,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = os.path.join(ROOT, "tests", "learner", "_checkpoint_worker.py")
 
 
-def _launch(*args):
-    launcher = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2"]
-    cmd = [*launcher, "--devices_per_process=4", "--grace_s=3", "--", sys.executable, WORKER, *args]
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
-
-
 @pytest.mark.slow
-def test_two_processes_save_then_restore(tmp_path):
-    saved = _launch(str(tmp_path), "save")
+def test_two_processes_save_then_restore(tmp_path, two_processes):
+    saved = two_processes(WORKER, str(tmp_path), "save", timeout=240)
     assert saved.returncode == 0, saved.stdout[-3000:] + saved.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]
-    restored = _launch(str(tmp_path), "restore")
+    restored = two_processes(WORKER, str(tmp_path), "restore", timeout=240)
     assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
     for p in (0, 1):
         assert f"[p{p}] RESTORED {p} step=3" in restored.stdout

@@ -4,8 +4,6 @@ single all-reduce, and a killed replica makes the launcher stop the other (no ha
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,28 +12,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = os.path.join(ROOT, "tests", "learner", "_replicas_worker.py")
 
 
-def _launch(*worker_args, timeout=180):
-    cmd = [
-        sys.executable,
-        "-m",
-        "experiments.launch_local",
-        "--num_processes=2",
-        "--devices_per_process=4",
-        "--grace_s=3",
-        "--",
-        sys.executable,
-        WORKER,
-        *worker_args,
-    ]
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def _launch(two_processes, *worker_args):
     t0 = time.monotonic()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    out = two_processes(WORKER, *worker_args, timeout=180)
     return out, time.monotonic() - t0
 
 
 @pytest.mark.slow
-def test_cross_process_sum_two_processes(tmp_path):
-    out, _ = _launch(f"--out={tmp_path}")
+def test_cross_process_sum_two_processes(tmp_path, two_processes):
+    out, _ = _launch(two_processes, f"--out={tmp_path}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for p in (0, 1):
         assert f"[p{p}] OK {p} 2" in out.stdout
@@ -45,8 +30,8 @@ def test_cross_process_sum_two_processes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_process_stops_the_run(tmp_path):
-    out, seconds = _launch("die", f"--out={tmp_path}")
+def test_a_killed_process_stops_the_run(tmp_path, two_processes):
+    out, seconds = _launch(two_processes, "die", f"--out={tmp_path}")
     assert out.returncode == 137, out.stdout[-3000:] + out.stderr[-3000:]
     assert "process 1 killed by signal 9; stopping the others" in out.stderr
     assert seconds < 60  # process 0 sleeps 120 s: the launcher stopped it

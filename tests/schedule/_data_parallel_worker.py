@@ -133,9 +133,9 @@ def _metrics_case(dp) -> dict:
     parts = [_tally([k for k in range(K) if k % 2 == p], seed=30 + p) for p in (0, 1)]
     mine, kl = parts[dp.info.index]
     merged = dp.merge_metrics({**tally_metrics(mine), "reverse_kl": kl}, mine, num_members=2 * K)
-    tallies = [t for t, _ in parts]
-    whole = BatchTally(sum(t.tokens for t in tallies), sum((t.rewards for t in tallies), ()),
-                       sum((t.lags for t in tallies), ()))  # fmt: skip
+    whole = BatchTally()
+    for t, _ in parts:
+        whole = whole.add(tokens=t.tokens, rewards=t.rewards, lags=t.lags)
     want = tally_metrics(whole)
     want["reverse_kl"] = round(sum(k * t.tokens for t, k in parts) / whole.tokens, 6)
     want["tokens_per_process"] = [t.tokens for t, _ in parts]
@@ -157,18 +157,18 @@ def main() -> None:
         np.array(sorted(jax.local_devices(), key=lambda d: d.id)).reshape(2, 2), ("fsdp", "tp")
     )
     params = _params(local)
+    # One DataParallel for every case: what it does at batch end follows the accumulator state
+    # (exact tallies or float, with or without the batch's rewards), not the config.
+    dp = DataParallel.from_config(_config("grpo", False), info)
     results = []
     for advantage, deterministic in (("batch", False), ("grpo", False), ("grpo", True)):
         c = _config(advantage, deterministic)
-        dp = DataParallel.from_config(c, info)
         members = _batch(int(c.rl.group_size), params, seed=7)
         name = f"grpo-{advantage}" + ("-exact" if deterministic else "")
         results.append(_case(name, dp, grpo.accumulator(c), _fold_grpo, params, members))
-    c = _config("grpo", False)
-    members = _batch(2, params, seed=8)
     opd = accumulators.opd(loss_agg="token-mean")  # as algorithms/opd.py builds it
-    results.append(_case("opd", DataParallel.from_config(c, info), opd, _fold_opd, params, members))
-    results.append(_metrics_case(DataParallel.from_config(c, info)))
+    results.append(_case("opd", dp, opd, _fold_opd, params, _batch(2, params, seed=8)))
+    results.append(_metrics_case(dp))
     out = next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--out="))
     with open(os.path.join(out, f"p{info.index}.json"), "w") as f:
         json.dump(results, f)

@@ -3,8 +3,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -27,9 +25,9 @@ def test_deterministic_batch_advantage_needs_one_process():
     assert not DataParallel.from_config(c, distributed.ProcessInfo()).several  # one: fine
 
 
-# Two jax.distributed processes (launch_local, 4 fake devices each): about 15 s.
+# Two jax.distributed processes (launch_local, 4 fake devices each): about 20 s.
 @pytest.mark.slow
-def test_two_processes_finalize_to_the_one_process_gradient(tmp_path):
+def test_two_processes_finalize_to_the_one_process_gradient(tmp_path, two_processes):
     """`DataParallel.finalize` in two real processes, each folding only its own groups: the
     allgathered counts (and the `batch` advantage's rewards and members), the global totals
     and the cross-process sum give the gradient of ONE state that folded the whole batch, on
@@ -39,11 +37,7 @@ def test_two_processes_finalize_to_the_one_process_gradient(tmp_path):
     weighted by tokens among them). The end-to-end runs (tests/train_multiprocess_test.py)
     prove the loop around it; this is the batch-end exchange alone, one launch in all."""
     worker = os.path.join(ROOT, "tests", "schedule", "_data_parallel_worker.py")
-    cmd = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2",
-           "--devices_per_process=4", "--grace_s=3", "--", sys.executable, worker,
-           f"--out={tmp_path}"]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    out = two_processes(worker, f"--out={tmp_path}", timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     per_process = [json.loads((tmp_path / f"p{p}.json").read_text()) for p in (0, 1)]
     assert per_process[0] == per_process[1]  # the same numbers on both replicas
