@@ -60,6 +60,8 @@ def _run(args, env=None, timeout=1800):
     )
 
 
+# A child process that imports JAX twice (the re-exec), ~14 s of the unit tier: `slow`.
+@pytest.mark.slow
 def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
     code = (
         "import jax; jax.devices(); from thundersync_jax.learner import dry_run;"
