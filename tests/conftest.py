@@ -302,13 +302,28 @@ def two_processes():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def run(worker: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-        launcher = [sys.executable, "-m", "experiments.launch_local", "--num_processes=2",
-                    "--devices_per_process=4", "--grace_s=3", "--"]  # fmt: skip
         env = dict(os.environ, PYTHONPATH=repo)
-        return subprocess.run([*launcher, sys.executable, worker, *args], capture_output=True,
-                              text=True, timeout=timeout, cwd=repo, env=env)  # fmt: skip
+        cmd = [*_launch_local(2, grace_s=3), sys.executable, worker, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=repo,
+                              env=env)  # fmt: skip
 
     return run
+
+
+@pytest.fixture(scope="session")
+def launch_local():
+    """`(num_processes, grace_s)` -> the experiments.launch_local command prefix
+    (`_launch_local`): the program's own command line follows it."""
+    return _launch_local
+
+
+def _launch_local(num_processes: int, grace_s: int) -> list[str]:
+    """experiments.launch_local with `num_processes` processes of 4 fake CPU devices each, up to
+    `--`: the launcher stops the others `grace_s` after one dies."""
+    import sys
+
+    return [sys.executable, "-m", "experiments.launch_local", f"--num_processes={num_processes}",
+            "--devices_per_process=4", f"--grace_s={grace_s}", "--"]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -350,8 +365,7 @@ def _deterministic_command(schedule: str, workdir: str) -> list[str]:
     import sys
 
     root = os.environ["TSJ_TEST_SFT_CACHE"]
-    return [sys.executable, "-m", "experiments.launch_local", "--num_processes=1",
-            "--devices_per_process=4", "--grace_s=5", "--",
+    return [*_launch_local(1, grace_s=5),
             sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
             f"--workdir={workdir}", f"--config.schedule={schedule}",
             f"--config.num_steps={SHARED_RUN_STEPS}", "--config.seed=42",

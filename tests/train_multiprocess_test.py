@@ -54,9 +54,9 @@ DETERMINISTIC = {"grpo": ["--config.rl.deterministic=True"], "opd": []}
 KILLED = ("grpo",)
 
 
-def _command(algo, workdir, base, processes, steps=STEPS):
-    """The run's command line; with several processes, through launch_local on 4 fake devices
-    per process with an fsdp=2 x tp=2 mesh each."""
+def _command(algo, workdir, base, processes, launch_local, steps=STEPS):
+    """The run's command line; with several processes, through `launch_local` (the conftest
+    fixture: 4 fake devices per process) with an fsdp=2 x tp=2 mesh each."""
     module, config = FAMILIES[algo]
     cmd = [sys.executable, "-m", module, f"--config={config}", f"--workdir={workdir}",
            "--config.schedule=stream", f"--config.num_steps={steps}", *SEED_FLAGS[algo],
@@ -66,9 +66,7 @@ def _command(algo, workdir, base, processes, steps=STEPS):
            "--config.metrics.timeline_every=0"]  # fmt: skip
     if processes == 1:
         return cmd
-    launcher = [sys.executable, "-m", "experiments.launch_local", f"--num_processes={processes}",
-                "--devices_per_process=4", "--grace_s=5", "--"]  # fmt: skip
-    return [*launcher, *cmd, "--config.mesh.fsdp=2", "--config.mesh.tp=2",
+    return [*launch_local(processes, grace_s=5), *cmd, "--config.mesh.fsdp=2", "--config.mesh.tp=2",
             "--config.distributed.debug_check_replicas=True"]  # fmt: skip
 
 
@@ -98,14 +96,14 @@ FAMILY_PARAMS = [pytest.param("grpo"), pytest.param("opd", marks=pytest.mark.nig
 
 
 @pytest.fixture(scope="module", params=FAMILY_PARAMS)
-def runs(request, tmp_path_factory, warm_start, shared_run):
+def runs(request, tmp_path_factory, warm_start, shared_run, launch_local):
     """(algo, base, {"init", "one", "two": workdir}, kill); "init": the session's warm start,
     "one": the session's one-process stream run of this config (conftest `shared_run`, also
     tests/train_test.py's stream schedule), "two": the 2-process run, killed in step 2 and
     resumed (`kill`: what the kill did)."""
     algo, base = request.param, tmp_path_factory.mktemp(request.param)
     wd = {"init": warm_start(algo), "one": shared_run(algo), "two": str(base / "two")}
-    cmd = [*_command(algo, wd["two"], base, 2), *DETERMINISTIC[algo]]
+    cmd = [*_command(algo, wd["two"], base, 2, launch_local), *DETERMINISTIC[algo]]
     if algo not in KILLED and not request.config.getoption("--nightly"):
         _run(cmd)
         return algo, base, wd, None
@@ -154,14 +152,15 @@ def test_two_processes_end_at_the_one_process_parameters(runs):
 # real processes (the `batch` advantage's rewards and members, with every other accumulator);
 # the loop around it is the one the runs above go through (~120 s for two more launches).
 @pytest.mark.nightly
-def test_batch_advantage_two_processes_match_one_process(runs):
+def test_batch_advantage_two_processes_match_one_process(runs, launch_local):
     """`rl.advantage=batch`: the batch's rewards are exchanged at batch end (1 step each)."""
     algo, base, wd, _ = runs
     if algo != "grpo":
         pytest.skip("the batch advantage is GRPO's")
     work = {n: str(base / f"batch_{n}") for n in ("one", "two")}
     for name, processes in (("one", 1), ("two", 2)):
-        _run([*_command(algo, work[name], base, processes, steps=1), "--config.rl.advantage=batch"])
+        cmd = _command(algo, work[name], base, processes, launch_local, steps=1)
+        _run([*cmd, "--config.rl.advantage=batch"])
     moved = _dist(_final(work["one"]), _final(wd["init"]))
     assert moved > 0
     assert _dist(_final(work["two"]), _final(work["one"])) <= 1e-4 * moved
