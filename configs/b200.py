@@ -94,6 +94,7 @@ def qwen3_27b_model() -> ml_collections.ConfigDict:
         # One compiled layer body instead of 64 (minutes of compile); costs a stacked copy of
         # the layer weights and their gradient per step (the planner's "scanned layers" row).
         scan_layers=True,
+        attention_block=512,  # blockwise tile on a GPU (the tiny CPU model's is 256)
     )
     return model
 
