@@ -48,8 +48,16 @@ def test_numpy_callables_run_on_the_host_and_jnp_ones_are_traced():
     assert not accumulators.grpo(3, 4, advantage=lambda r: r - jnp.mean(r)).config.advantage.host
 
 
-@pytest.mark.parametrize("estimator", [numpy_ranks, numpy_loo_std])
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(
+    "deterministic,estimator",
+    [
+        (False, numpy_ranks),
+        (False, numpy_loo_std),
+        (True, numpy_ranks),
+        # in make test, not test-quick: the exact path with a host callable is the line above
+        pytest.param(True, numpy_loo_std, marks=pytest.mark.slow),
+    ],
+)
 def test_numpy_callable_matches_float64_eager_and_jitted(
     params, random_grad, estimator, deterministic
 ):

@@ -57,7 +57,8 @@ def _relative_error(x, y):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-@pytest.mark.parametrize("use_lora", [False, True])
+# LoRA in make test, not test-quick (tests/learner/lora_policy_test.py trains adapters quickly)
+@pytest.mark.parametrize("use_lora", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_score_gradient_and_logprobs(params, use_lora):
     tokens, mask, weights = _chunk(1)
     trainable, base = params, None

@@ -114,10 +114,11 @@ def _shared_prompts(acc, params, fns, batch):
     "advantage,loss_agg",
     [
         ("grpo", "seq-mean-token-mean"),
-        # in make test, not test-quick (the unit tier's slowest compiles; grpo's stays)
+        # in make test, not test-quick (the unit tier's slowest compiles; grpo's stays, and
+        # the batch advantage's shared prompt is also tests/algorithms/grpo_test.py's, quick)
         pytest.param("drgrpo", "token-mean", marks=pytest.mark.slow),
         pytest.param("rloo", "seq-mean-token-sum", marks=pytest.mark.slow),
-        ("batch", "seq-mean-token-sum-norm"),
+        pytest.param("batch", "seq-mean-token-sum-norm", marks=pytest.mark.slow),
     ],
 )
 def test_shared_prompt_equals_per_member_prompts(parts, advantage, loss_agg):

@@ -139,9 +139,10 @@ def _relative_error(x, y):
 @pytest.mark.parametrize(
     "num_turns,mode,truncated",
     [
-        (1, "full", False),
         (3, "full", True),
-        # lora and remat: in make test, not test-quick (the slowest of the unit tier to compile)
+        # the rest in make test, not test-quick (the slowest of the unit tier to compile; the
+        # 3-turn truncated one stays quick)
+        pytest.param(1, "full", False, marks=pytest.mark.slow),
         pytest.param(7, "lora", False, marks=pytest.mark.slow),
         pytest.param(5, "remat", True, marks=pytest.mark.slow),
         pytest.param(64, "full", False, marks=pytest.mark.slow),
