@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from thundersync_jax.models.attention import dot_product_attention
+from thundersync_jax.models.attention import balanced_tile, dot_product_attention
 
 
 def _inputs(seed, b, t, s, n, nkv, hq, hv):
@@ -17,19 +17,21 @@ def _inputs(seed, b, t, s, n, nkv, hq, hv):
     return q, k, v, w
 
 
-def _value_and_grads(impl, q, k, v, w, **masks):
-    def loss(q, k, v):
-        out = dot_product_attention(q, k, v, impl=impl, block_q=8, block_k=4, **masks)
+def _value_and_grads(impl, q, k, v, w, block_q=8, block_k=4, **masks):
+    def loss(q, k, v, w, masks):
+        out = dot_product_attention(q, k, v, impl=impl, block_q=block_q, block_k=block_k, **masks)
         return jnp.sum(out * w), out
 
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    # One jitted program (eagerly, every op of both paths would be its own compile).
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    (_, out), grads = grad(q, k, v, w, masks)
     return out, grads
 
 
-def _assert_same(masks, *shape, seed=0):
+def _assert_same(masks, *shape, seed=0, blocks=(8, 4)):
     q, k, v, w = _inputs(seed, *shape)
     ref, ref_g = _value_and_grads("naive", q, k, v, w, **masks)
-    out, g = _value_and_grads("blockwise", q, k, v, w, **masks)
+    out, g = _value_and_grads("blockwise", q, k, v, w, *blocks, **masks)
     assert not np.any(np.isnan(out)) and not np.any(np.isnan(ref))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(g, ref_g, strict=True):
@@ -43,6 +45,16 @@ def test_causal_full_gqa_and_value_dims(n, nkv, hq, hv):
     b, t = 2, 19  # not a multiple of the blocks: padding inside the blockwise path
     slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     _assert_same({"q_slots": slots}, b, t, t, n, nkv, hq, hv)
+
+
+@pytest.mark.parametrize("t,block", [(37, 32), (70, 32), (64, 32)])
+def test_tiles_balanced_to_the_length(t, block):
+    # 37 tokens in tiles of at most 32: two of 24 (48 padded, not 64); 70: three of 24; 64: two
+    # of 32. Each pads less than a whole tile and still equals the naive path.
+    b = 2
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    _assert_same({"q_slots": slots}, b, t, t, 4, 2, 8, 8, blocks=(block, block))
+    assert [balanced_tile(n, 32) for n in (37, 70, 64, 20)] == [24, 24, 32, 20]
 
 
 def test_query_block_at_an_offset_into_a_cache_with_empty_slots():

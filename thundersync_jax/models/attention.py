@@ -9,7 +9,8 @@ given) are equal. A query that sees no key gets zeros (no NaN, no NaN gradients)
 Implementations (`impl`):
   "naive": scores [B, K, G, T, S] materialized; the reference the others are tested against.
   "blockwise": online softmax over query and key blocks in plain JAX (`_blockwise.py`), with
-    a recomputing backward; memory O(T + S), any platform.
+    a recomputing backward; memory O(T + S), any platform. block_q / block_k are the largest
+    tiles: a length is cut into as many tiles as they need, of equal size (`balanced_tile`).
   "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16, Hq = Hv,
     plain causal: needs the static promise `q_offset=0`, see below).
   "auto": cudnn where it applies on a GPU, blockwise otherwise (naive when it is smaller than
@@ -64,11 +65,11 @@ def _pad_axis(x, multiple, value):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _balanced_block(length: int, block: int, multiple: int = 8) -> int:
+def balanced_tile(length: int, block: int, multiple: int = 8) -> int:
     """The tile for `length` tokens: as many tiles as `block`-sized ones would take, each as
     small as covers `length` (rounded up to `multiple`), so padding is under one `multiple`
-    per tile instead of up to a whole tile (measured on CPU: 1,119 tokens padded to 3 x 376
-    rather than 3 x 512 make a 2-layer step's attention gradient ~40% cheaper)."""
+    per tile instead of up to a whole tile (1,119 tokens: 3 x 376, not 3 x 512; the tiny CPU
+    model's attention gradient 0.41 -> 0.12 s, BENCHMARKS.md "Long sequences")."""
     if length <= block:
         return length
     tiles = -(-length // block)
@@ -79,7 +80,7 @@ def _balanced_block(length: int, block: int, multiple: int = 8) -> int:
 def _blockwise_attention(q, k, v, q_slots, kv_valid, q_seg, kv_seg, scale, block_q, block_k):
     b, t, n, _ = q.shape
     s, nkv = k.shape[1], k.shape[2]
-    bq, bk = _balanced_block(t, block_q), _balanced_block(s, block_k)
+    bq, bk = balanced_tile(t, block_q), balanced_tile(s, block_k)
     if kv_valid is None:
         kv_valid = jnp.ones((b, s), bool)
     if q_seg is None:
