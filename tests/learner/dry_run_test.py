@@ -78,14 +78,17 @@ def test_fake_devices_are_set_by_re_executing_when_jax_already_started():
 @pytest.mark.parametrize(
     "experiment, config, override",
     [
-        # make test compiles one recipe per learner code path: full fine-tuning with
-        # host-resident tallies and offloaded layer inputs at its full depth (64 layers under
-        # one lax.scan, `model.scan_layers`: ~80 s wall on a loaded machine), LoRA at 65,536
-        # tokens and OPD at their real widths, lengths and mesh but two layers. The other
-        # full-depth recipes are nightly (h200:full's 64 unrolled layers take ~10 min).
+        # make test compiles one recipe per learner code path at its real widths, lengths
+        # and mesh but two layers: full fine-tuning with host-resident tallies and offloaded
+        # layer inputs (its layers under one lax.scan, `model.scan_layers`), LoRA at 65,536
+        # tokens, and OPD. Two scanned layers compile the same layer body as 64 (27 s vs
+        # 127 s on an idle machine); the full-depth plans are checked without compiling by
+        # tests/learner/memory_test.py. The full-depth recipes are nightly (h200:full's 64
+        # unrolled layers take ~10 min).
         ("swe_grpo", "configs/b200.py", "--config.model.num_hidden_layers=2"),
-        ("swe_grpo", "configs/b200.py:full", ""),
+        ("swe_grpo", "configs/b200.py:full", "--config.model.num_hidden_layers=2"),
         pytest.param("swe_grpo", "configs/b200.py", "", marks=pytest.mark.nightly),
+        pytest.param("swe_grpo", "configs/b200.py:full", "", marks=pytest.mark.nightly),
         pytest.param("swe_grpo", "configs/h200.py", "", marks=pytest.mark.nightly),
         pytest.param("swe_grpo", "configs/h200.py:full", "", marks=pytest.mark.nightly),
         ("terminal_opd", "configs/terminal_opd_cpu.py", ""),
