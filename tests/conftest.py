@@ -48,6 +48,13 @@ for _var in ("JAX_COMPILATION_CACHE_DIR", "TSJ_TEST_SFT_CACHE"):
     if not os.environ.get(_var):
         os.environ[_var] = tempfile.mkdtemp(prefix=f"tsj-{_var.lower()}-")
         _OWN_CACHES.append(os.environ[_var])
+# Rendered demonstrations (schedule/demo_cache.py): every smoke-config launch renders the same
+# ones for its warm start's cache key (12 sandboxed calls, ~14 s and ~9 CPU-s each time); the
+# session's runs share one rendering per input set. Per run, like the caches above: the key
+# does not cover the code that renders them.
+os.environ.setdefault(
+    "THUNDERSYNC_DEMO_CACHE_DIR", os.path.join(os.environ["TSJ_TEST_SFT_CACHE"], "demos")
+)
 # Cache every program, however small or quick to compile: the suite recompiles the same
 # tiny-model programs in dozens of processes.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -24,7 +24,7 @@ from thundersync_jax import distributed
 from thundersync_jax.learner import export, lora_policy, model_state, regularizers, sft
 from thundersync_jax.learner.train_state import TrainState
 from thundersync_jax.models import qwen3, tokenizer
-from thundersync_jax.schedule import engine_fleet
+from thundersync_jax.schedule import demo_cache, engine_fleet
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,16 @@ def build_policy(config, family, workdir: str, checkpointer=None) -> BuiltPolicy
     # start's cache first, the others then find both (same files, same cached model).
     with distributed.main_first("tasks and warm start"):
         tasks = family.build_tasks(config, workdir)
-        examples = functools.cache(lambda: family.demonstrations(config, tasks, tok, workdir))
+        examples = functools.cache(
+            lambda: demo_cache.cached_demonstrations(
+                config,
+                family.name,
+                tasks,
+                tok,
+                workdir,
+                lambda: family.demonstrations(config, tasks, tok, workdir),
+            )
+        )
         warm_model = warm_start(config, examples, workdir)
     # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
     built = model_state.build_learner_model(
