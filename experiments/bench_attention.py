@@ -9,12 +9,10 @@ the CPU configs, BENCHMARKS.md "Long sequences"). About a minute on 2 CPU cores.
 
 from __future__ import annotations
 
-import json
-import os
-
 from absl import app, flags
 
 from configs import common
+from experiments import _output
 from thundersync_jax.bench import attention_tiles
 
 _OUT = flags.DEFINE_string("out", "", "write the result as JSON here (optional)")
@@ -33,11 +31,7 @@ def main(argv):
         rows=_ROWS.value,
         repeats=_REPEATS.value,
     )
-    print(attention_tiles.markdown(result))
-    if _OUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-        with open(_OUT.value, "w") as f:
-            json.dump(result, f, indent=2)
+    _output.show(attention_tiles.markdown(result), result, _OUT.value)
 
 
 if __name__ == "__main__":

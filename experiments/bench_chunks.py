@@ -9,12 +9,10 @@ cost of at most 5% of a 256-token chunk's time. Takes about a minute on 2 CPU co
 
 from __future__ import annotations
 
-import json
-import os
-
 from absl import app, flags
 
 from configs import common
+from experiments import _output
 from thundersync_jax.bench import chunks as chunk_bench
 
 _OUT = flags.DEFINE_string("out", "", "write the result as JSON here (optional)")
@@ -27,11 +25,7 @@ def main(argv):
     result = chunk_bench.run(
         common.tiny_qwen3_model(), lengths=[int(x) for x in _LENGTHS.value], repeats=_REPEATS.value
     )
-    print(chunk_bench.markdown(result))
-    if _OUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-        with open(_OUT.value, "w") as f:
-            json.dump(result, f, indent=2)
+    _output.show(chunk_bench.markdown(result), result, _OUT.value)
 
 
 if __name__ == "__main__":
