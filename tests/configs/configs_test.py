@@ -72,7 +72,7 @@ DEPTHS = [4, pytest.param(None, marks=pytest.mark.nightly, id="full_depth")]
 def test_model_init_eval_shapes(name, config, depth):
     """eval_shape of the model's init (no memory is allocated) at `depth` layers (None: the
     config's own depth)."""
-    config = ml_collections.ConfigDict(config.to_dict())  # MODELS is shared by the cases
+    config = config.copy_and_resolve_references()  # MODELS is shared by the cases
     if depth is not None:
         config.model.num_hidden_layers = min(depth, config.model.num_hidden_layers)
     model_config = config.model

@@ -35,17 +35,21 @@ def _examples(seed):
 
 
 class _Renderer:
+    """A task family whose demonstrations count their renderings."""
+
+    name = "mini_swe"
+
     def __init__(self):
         self.calls = 0
 
-    def __call__(self):
+    def demonstrations(self, config, tasks, tok, workdir):
         self.calls += 1
         return _examples(self.calls)
 
 
 def _get(config, workdir, tok, render):
     tasks = [_Task("a", os.path.join(workdir, "repo-a")), _Task("b", os.path.join(workdir, "b"))]
-    return demo_cache.cached_demonstrations(config, "mini_swe", tasks, tok, str(workdir), render)
+    return demo_cache.cached_demonstrations(config, render, tasks, tok, str(workdir))
 
 
 def _same(a, b):

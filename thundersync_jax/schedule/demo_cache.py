@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
 
 import numpy as np
 
@@ -31,18 +30,17 @@ from thundersync_jax.models import tokenizer
 DEMO_CACHE_ENV = "THUNDERSYNC_DEMO_CACHE_DIR"
 
 
-def cached_demonstrations(
-    config, family_name: str, tasks: list, tok, workdir: str, render: Callable[[], list]
-) -> list[SFTExample]:
-    """`render()`, or the examples a run with the same inputs rendered into the directory
-    $THUNDERSYNC_DEMO_CACHE_DIR (unset or a non-byte tokenizer: always `render()`)."""
+def cached_demonstrations(config, family, tasks: list, tok, workdir: str) -> list[SFTExample]:
+    """`family.demonstrations(config, tasks, tok, workdir)` (an `envs.task_families.TaskFamily`),
+    or the examples a run with the same inputs rendered into $THUNDERSYNC_DEMO_CACHE_DIR (unset,
+    or a non-byte tokenizer: always rendered)."""
     root = os.environ.get(DEMO_CACHE_ENV, "")
     if not root or not isinstance(tok, tokenizer.ByteTokenizer):
-        return render()
-    path = os.path.join(root, f"demos-{_key(config, family_name, tasks, tok, workdir)}.npz")
+        return family.demonstrations(config, tasks, tok, workdir)
+    path = os.path.join(root, f"demos-{_key(config, family.name, tasks, tok, workdir)}.npz")
     if os.path.exists(path):
         return _load(path)
-    examples = render()
+    examples = family.demonstrations(config, tasks, tok, workdir)
     _save(examples, path)
     return examples
 

@@ -78,14 +78,7 @@ def build_policy(config, family, workdir: str, checkpointer=None) -> BuiltPolicy
     with distributed.main_first("tasks and warm start"):
         tasks = family.build_tasks(config, workdir)
         examples = functools.cache(
-            lambda: demo_cache.cached_demonstrations(
-                config,
-                family.name,
-                tasks,
-                tok,
-                workdir,
-                lambda: family.demonstrations(config, tasks, tok, workdir),
-            )
+            lambda: demo_cache.cached_demonstrations(config, family, tasks, tok, workdir)
         )
         warm_model = warm_start(config, examples, workdir)
     # Under LoRA the state holds only the adapters; `params` (the warm start) stays frozen.
