@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,3 +50,41 @@ def test_tallies_and_gradient_are_sharded_like_params():
     for name, p in params.items():
         assert grads[name].sharding.is_equivalent_to(p.sharding, p.ndim)
     assert reference.relative_error(grads, reference.grpo_gradient(trajectories)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: accumulators.grpo(2, 2, max_open_groups=2),
+        lambda: accumulators.grpo(2, 2, max_open_groups=2, deterministic=True),
+        lambda: accumulators.opd(),
+    ],
+    ids=["grpo", "grpo-exact", "opd"],
+)
+def test_a_fresh_state_is_laid_out_like_the_adds_outputs(make):
+    # The first add of a batch gets `init`'s state, every later one the previous add's output:
+    # with params on a mesh both must be the same types (mesh and layout included), or a
+    # training run traces and compiles its add twice (it did: `add_weighted` per run).
+    mesh, params = _sharded_params()
+    acc = make()
+    traces = []
+
+    def add(state, grad):
+        traces.append(1)  # runs once per trace
+        if hasattr(state, "rewards"):
+            return acc.add_weighted(state, 0, 0.5, grad, 3, 1)
+        return acc.add_weighted(state, grad, 3, 1)
+
+    jit_add = jax.jit(add, donate_argnums=0)
+    grad = jax.tree.map(jnp.ones_like, params)
+    state = acc.init(params)
+    fresh = [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(state)]
+    state = jit_add(state, grad)
+    state = jit_add(state, grad)
+    assert len(traces) == 1
+    after = jax.tree.leaves(state)
+    assert len(after) == len(fresh)
+    for (shape, dtype, sharding), x in zip(fresh, after, strict=True):
+        assert (shape, dtype) == (x.shape, x.dtype)
+        if x.size:  # an empty stack (the other estimator family's) has no layout to keep
+            assert sharding.is_equivalent_to(x.sharding, len(shape)), (sharding, x.sharding)

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from thundersync_jax.accumulators import _tallies
+
 LIMB_BITS = 14
 NUM_LIMBS = 4
 # |digit| < 2^L, so n adds keep |limb| < n·2^L; carry normalisation at read-out adds < 2^L.
@@ -65,11 +67,10 @@ class ExactSum(NamedTuple):
 def zeros(params, *lead: int) -> ExactSum:
     """Empty exact tallies for params' structure, with leading stack axes `lead`."""
     lead = tuple(lead)
+    # Laid out like the params (the stack axes unsharded), as the adds' outputs are.
     return ExactSum(
-        limbs=jax.tree.map(
-            lambda p: jnp.zeros((*lead, NUM_LIMBS + 1, *jnp.shape(p)), jnp.int32), params
-        ),
-        adds=jnp.asarray(np.zeros(lead, np.int32)),
+        limbs=_tallies.stacked_zeros(params, *lead, NUM_LIMBS + 1, dtype=jnp.int32),
+        adds=_tallies.on_mesh_of(params, jnp.asarray(np.zeros(lead, np.int32))),
     )
 
 

@@ -128,11 +128,7 @@ def init_state(cfg: GroupConfig, params) -> GroupState:
     # Small bookkeeping arrays come from numpy: no per-shape fill kernel to compile.
     i32 = lambda v, shape=(): jnp.asarray(np.full(shape, v, np.int32))
     f32 = lambda shape: jnp.asarray(np.zeros(shape, np.float32))
-    return GroupState(
-        total=total,
-        shifted=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
-        plain=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
-        buckets=buckets,
+    small = dict(
         bucket_values=f32((cfg.bucket_slots, nb)),
         bucket_used=i32(0, (cfg.bucket_slots,)),
         rewards=f32((k, g)),
@@ -148,4 +144,11 @@ def init_state(cfg: GroupConfig, params) -> GroupState:
         error=i32(0),
         error_group=i32(-1),
         error_reward=f32(()),
+    )
+    return GroupState(
+        total=total,
+        shifted=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
+        plain=_tallies.stacked_zeros(params, cfg.affine_slots, host=cfg.host),
+        buckets=buckets,
+        **_tallies.on_mesh_of(params, small),
     )

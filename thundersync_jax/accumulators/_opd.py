@@ -164,7 +164,7 @@ def opd(
 
     def init(params) -> OpdAccumulatorState:
         # Separate buffers per field: a donated state must not alias itself.
-        counters = [jnp.zeros((), jnp.int32) for _ in range(4)]
+        counters = _tallies.on_mesh_of(params, [jnp.zeros((), jnp.int32) for _ in range(4)])
         if cfg.deterministic:
             return OpdAccumulatorState(_exact.zeros(params), *counters)
         return OpdAccumulatorState(_tallies.zeros_like_params(params), *counters)

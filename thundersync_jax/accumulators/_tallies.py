@@ -30,33 +30,49 @@ def _stacked_sharding(leaf, lead: int):
     return NamedSharding(sharding.mesh, PartitionSpec(*((None,) * lead + spec)))
 
 
-@functools.partial(jax.jit, static_argnames="lead_dims")
-def _unsharded_stacked_zeros(params, lead_dims):
+@functools.partial(jax.jit, static_argnames=("lead_dims", "dtype"))
+def _unsharded_stacked_zeros(params, lead_dims, dtype):
     # One compilation per (structure, lead_dims) instead of one per leaf shape.
-    return jax.tree.map(lambda p: jnp.zeros(lead_dims + jnp.shape(p), jnp.float32), params)
+    return jax.tree.map(lambda p: jnp.zeros(lead_dims + jnp.shape(p), dtype), params)
 
 
-def stacked_zeros(params, *lead_dims: int, host: bool = False):
+def stacked_zeros(params, *lead_dims: int, host: bool = False, dtype=jnp.float32):
     """Zero tallies of shape lead_dims + leaf.shape, sharded like the leaf on its own axes.
 
     The slot axes are never sharded, so each slot's tally is laid out exactly
     like the parameter it accumulates. host: in the host memory of the leaf's devices
-    (`_host.host_sharding`), made there directly.
+    (`_host.host_sharding`), made there directly (float32 only).
     """
     leaves = jax.tree.leaves(params)
     if host:
         return _host_zeros(params, tuple(lead_dims))
     if not any(_stacked_sharding(p, len(lead_dims)) for p in leaves):
-        return _unsharded_stacked_zeros(params, tuple(lead_dims))
+        return _unsharded_stacked_zeros(params, tuple(lead_dims), jnp.dtype(dtype))
 
     def one(p):
         shape = tuple(lead_dims) + tuple(jnp.shape(p))
         sharding = _stacked_sharding(p, len(lead_dims))
         if sharding is None:
-            return jnp.zeros(shape, jnp.float32)
-        return jnp.zeros(shape, jnp.float32, device=sharding)
+            return jnp.zeros(shape, dtype)
+        return jnp.zeros(shape, dtype, device=sharding)
 
     return jax.tree.map(one, params)
+
+
+def on_mesh_of(params, small):
+    """`small` (a pytree of arrays) replicated on the mesh of params' sharded leaves, if any.
+
+    A jitted add's outputs carry the mesh in their types; state made from numpy does not, so
+    its first add would trace and compile a second program for the later adds (measured: two
+    traces of `add_weighted` per training run). Made on the mesh, every add is the same one.
+    """
+    for p in jax.tree.leaves(params):
+        if isinstance(p, jax.core.Tracer):
+            return small
+        sharding = getattr(p, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return jax.device_put(small, NamedSharding(sharding.mesh, PartitionSpec()))
+    return small
 
 
 def _host_stacked_sharding(leaf, lead: int):
