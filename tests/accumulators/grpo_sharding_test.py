@@ -52,28 +52,34 @@ def test_tallies_and_gradient_are_sharded_like_params():
     assert reference.relative_error(grads, reference.grpo_gradient(trajectories)) < 1e-5
 
 
+def _grpo_add(acc):
+    return lambda state, grad: acc.add_weighted(state, 0, 0.5, grad, 3, 1)
+
+
+def _opd_add(acc):
+    return lambda state, grad: acc.add_weighted(state, grad, 3, 1)
+
+
 @pytest.mark.parametrize(
-    "make",
+    "make, add_of",
     [
-        lambda: accumulators.grpo(2, 2, max_open_groups=2),
-        lambda: accumulators.grpo(2, 2, max_open_groups=2, deterministic=True),
-        lambda: accumulators.opd(),
+        (lambda: accumulators.grpo(2, 2, max_open_groups=2), _grpo_add),
+        (lambda: accumulators.grpo(2, 2, max_open_groups=2, deterministic=True), _grpo_add),
+        (lambda: accumulators.opd(), _opd_add),
     ],
     ids=["grpo", "grpo-exact", "opd"],
 )
-def test_a_fresh_state_is_laid_out_like_the_adds_outputs(make):
+def test_a_fresh_state_is_laid_out_like_the_adds_outputs(make, add_of):
     # The first add of a batch gets `init`'s state, every later one the previous add's output:
     # with params on a mesh both must be the same types (mesh and layout included), or a
     # training run traces and compiles its add twice (it did: `add_weighted` per run).
     mesh, params = _sharded_params()
     acc = make()
-    traces = []
+    acc_add, traces = add_of(acc), []
 
     def add(state, grad):
         traces.append(1)  # runs once per trace
-        if hasattr(state, "rewards"):
-            return acc.add_weighted(state, 0, 0.5, grad, 3, 1)
-        return acc.add_weighted(state, grad, 3, 1)
+        return acc_add(state, grad)
 
     jit_add = jax.jit(add, donate_argnums=0)
     grad = jax.tree.map(jnp.ones_like, params)

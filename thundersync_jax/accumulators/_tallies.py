@@ -62,8 +62,8 @@ def stacked_zeros(params, *lead_dims: int, host: bool = False, dtype=jnp.float32
 def on_mesh_of(params, small):
     """`small` (a pytree of arrays) replicated on the mesh of params' sharded leaves, if any.
 
-    A jitted add's outputs carry the mesh in their types; state made from numpy does not, so
-    its first add would trace and compile a second program for the later adds (measured: two
+    A jitted add's outputs carry the mesh in their types; state made outside a jit does not,
+    so its first add would trace and compile a second program for the later adds (measured: two
     traces of `add_weighted` per training run). Made on the mesh, every add is the same one.
     """
     for p in jax.tree.leaves(params):
