@@ -196,6 +196,9 @@ def get_base_config() -> ml_collections.ConfigDict:
             sandbox_timeout_s=20.0,  # wall-clock limit of one sandboxed command
             sandbox_memory_mb=1024,  # memory limit of the sandbox
             partial_credit=False,  # reward = fraction of tests passing instead of all-or-nothing
+            # reuse the verdict of a patch already verified on the same task in this run (SWE
+            # families; workdir/verdicts); off for tests whose outcome is not the patch's alone
+            cache_verdicts=True,
             terminal_families=(),  # terminal family: the task kinds to draw from (empty = all)
         )
     )

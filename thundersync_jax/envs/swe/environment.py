@@ -24,7 +24,7 @@ from thundersync_jax.envs import verify as verify_lib
 from thundersync_jax.envs.base import Environment, StepResult, ToolCall, VerifierResult
 from thundersync_jax.envs.images import cache as image_cache_lib
 from thundersync_jax.envs.sandbox import Sandbox
-from thundersync_jax.envs.swe import image_sandbox, mini_swe, repo, verifier
+from thundersync_jax.envs.swe import image_sandbox, mini_swe, repo, verdicts, verifier
 from thundersync_jax.envs.swe import tools as swe_tools
 from thundersync_jax.envs.swe.instance import SweInstance
 
@@ -44,6 +44,8 @@ class SweEnvironment(Environment):
       partial_credit: reward the fraction of passing tests instead of all-or-nothing.
       cache_dir: where remote repositories are mirrored (default workdir/repos).
       image_cache: where instance images are unpacked (default images' default cache).
+      verdict_dir: keep verify()'s verdicts there and reuse them for a patch already verified
+        on this instance with these settings (`verdicts.py`); None verifies every time.
     """
 
     tools = swe_tools.TOOL_SPECS
@@ -61,8 +63,10 @@ class SweEnvironment(Environment):
         partial_credit: bool = False,
         cache_dir: str | None = None,
         image_cache: image_cache_lib.ImageCache | None = None,
+        verdict_dir: str | None = None,
     ):
         self.instance = instance
+        self.verdict_dir = verdict_dir
         self.task_id = instance.instance_id
         self.workdir = os.path.abspath(workdir)
         self.sandbox_config = {**verifier.DEFAULT_SANDBOX, **(sandbox_config or {})}
@@ -138,8 +142,7 @@ class SweEnvironment(Environment):
         """Scores the workspace diff with the instance's tests; never raises."""
         holder: dict[str, str] = {}
 
-        def check() -> VerifierResult:
-            holder["patch"] = self.model_patch()
+        def evaluate() -> VerifierResult:
             return verifier.evaluate_patch(
                 self.instance,
                 holder["patch"],
@@ -150,6 +153,18 @@ class SweEnvironment(Environment):
                 timeout_s=self.verify_timeout_s,
                 image_cache=self.image_cache,
             )
+
+        def check() -> VerifierResult:
+            holder["patch"] = self.model_patch()
+            if self.verdict_dir is None:
+                return evaluate()
+            settings = {
+                "sandbox": self.sandbox_config,
+                "partial_credit": self.partial_credit,
+                "timeout_s": self.verify_timeout_s,
+            }
+            key = verdicts.key(self.instance, holder["patch"], settings)
+            return verdicts.cached(self.verdict_dir, key, evaluate)
 
         result = verify_lib.run_verifier(check, name=self.task_id)
         details = dict(result.details, model_patch=holder.get("patch", ""))

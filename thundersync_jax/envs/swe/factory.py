@@ -82,13 +82,20 @@ def dataset_instances(spec: str, env_cfg: Any, limit: int) -> list[SweInstance]:
 
 
 def make_environment(instance: SweInstance, workdir: str, env_cfg: Any) -> SweEnvironment:
-    """An environment for one episode, sandboxed with the config's time and memory limits."""
+    """An environment for one episode, sandboxed with the config's time and memory limits; with
+    `env.cache_verdicts`, verdicts are kept in workdir/verdicts and reused for a patch already
+    verified on the same task (`verdicts.py`)."""
     sandbox = {
         "timeout_s": float(env_cfg.sandbox_timeout_s),
         "memory_mb": int(env_cfg.sandbox_memory_mb),
     }
     # partial_credit is optional in the config: all-or-nothing unless it says otherwise.
     partial = bool(getattr(env_cfg, "partial_credit", False))
+    verdict_dir = os.path.join(workdir, "verdicts") if env_cfg.cache_verdicts else None
     return SweEnvironment(
-        instance, os.path.join(workdir, "episodes"), sandbox, partial_credit=partial
+        instance,
+        os.path.join(workdir, "episodes"),
+        sandbox,
+        partial_credit=partial,
+        verdict_dir=verdict_dir,
     )
