@@ -142,10 +142,21 @@ class SweEnvironment(Environment):
         """Scores the workspace diff with the instance's tests; never raises."""
         holder: dict[str, str] = {}
 
+        def check() -> VerifierResult:
+            holder["patch"] = self.model_patch()
+            return self._score(holder["patch"])
+
+        result = verify_lib.run_verifier(check, name=self.task_id)
+        details = dict(result.details, model_patch=holder.get("patch", ""))
+        return VerifierResult(result.reward, result.reason, details, result.error)
+
+    def _score(self, patch: str) -> VerifierResult:
+        """The verifier's verdict on `patch`: the kept one when `verdict_dir` holds it."""
+
         def evaluate() -> VerifierResult:
             return verifier.evaluate_patch(
                 self.instance,
-                holder["patch"],
+                patch,
                 os.path.join(self.workdir, "eval"),
                 self.sandbox_config,
                 partial_credit=self.partial_credit,
@@ -154,21 +165,17 @@ class SweEnvironment(Environment):
                 image_cache=self.image_cache,
             )
 
-        def check() -> VerifierResult:
-            holder["patch"] = self.model_patch()
-            if self.verdict_dir is None:
-                return evaluate()
-            settings = {
-                "sandbox": self.sandbox_config,
-                "partial_credit": self.partial_credit,
-                "timeout_s": self.verify_timeout_s,
-            }
-            key = verdicts.key(self.instance, holder["patch"], settings)
-            return verdicts.cached(self.verdict_dir, key, evaluate)
-
-        result = verify_lib.run_verifier(check, name=self.task_id)
-        details = dict(result.details, model_patch=holder.get("patch", ""))
-        return VerifierResult(result.reward, result.reason, details, result.error)
+        if self.verdict_dir is None:
+            return evaluate()
+        # What the verdict depends on besides the task and the patch (not where repositories
+        # and images are cached).
+        settings = {
+            "sandbox": self.sandbox_config,
+            "partial_credit": self.partial_credit,
+            "timeout_s": self.verify_timeout_s,
+        }
+        key = verdicts.key(self.instance, patch, settings)
+        return verdicts.cached(self.verdict_dir, key, evaluate)
 
     def demonstration(self) -> list[ToolCall]:
         """The stored scripted solution (mini-SWE), else edits that apply the gold patch."""
