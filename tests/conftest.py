@@ -282,9 +282,10 @@ def shared_run(warm_start):
     """Factory: `shared_run(family)` -> the workdir of that family's smoke config trained for
     2 steps under `stream` from the session's warm start (`shared_run_config`).
 
-    Several modules compare against exactly this run (tests/train_test.py's stream schedule,
-    tests/train_multiprocess_test.py's one-process reference): it runs once per session, in
-    whichever worker asks first, under a file lock; the others read its files.
+    Several modules compare against exactly this run (GRPO: tests/train_test.py's stream
+    schedule; tests/train_multiprocess_test.py's one-process reference, OPD's under --nightly):
+    it runs once per session, in whichever worker asks first, under a file lock; the others
+    read its files.
     """
     root = os.environ["TSJ_TEST_SFT_CACHE"]
 

@@ -32,6 +32,10 @@ def _config(schedule, checkpoint, base):
     # entropy bonus makes a real update to compare; the full learning rate from step 0.
     c.rl.entropy_coef = 0.01
     c.optim.warmup_steps = c.optim.decay_steps = 0
+    # One group of 4 with 3-turn episodes (the smoke run: 2 groups, 6 turns): a random policy
+    # runs every episode to its turn limit, and what this test adds to the dense runs is the
+    # replayed routing of a multi-turn group under both schedules (suite time, issue 23).
+    c.rl.num_groups, c.rollout.max_turns = 1, 3
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
     c.metrics.tensorboard = False

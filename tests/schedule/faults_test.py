@@ -174,6 +174,7 @@ def _faulty_config(base, steps):
     c.env.family = "swe_jsonl"
     c.env.instances = _broken_task_set(base)
     c.env.num_tasks = 2
+    c.rl.group_size = 2  # the smallest groups: every step still plays both tasks
     c.sft.steps = 0  # a random-init policy: this test is about faults, not learning
     c.rollout.max_turns = 2
     c.rollout.max_new_tokens_per_turn = 48
