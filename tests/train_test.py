@@ -53,6 +53,12 @@ def _grpo_config(schedule, steps, base):
     c.seed = 42
     c.rl.entropy_coef = 0.0
     c.rl.kl_coef = 0.0
+    if schedule == "async":
+        # async is checked for its lag and metrics, not compared: one group of 4 (68 -> 52
+        # CPU-s a launch, BENCHMARKS.md "Test suite"), with the entropy term so that step 0
+        # updates even when the group's rewards tie, and step 1 really trains on the previous
+        # policy's samples.
+        c.rl.num_groups, c.rl.entropy_coef = 1, 0.01
     c.sft.cache_dir = os.environ.get("TSJ_TEST_SFT_CACHE") or str(base / "sft")
     c.rollout.snapshot_root = str(base / "shm")
     c.metrics.timeline_every = 0
@@ -85,13 +91,19 @@ def _assert_schedules_agree(wd, same_keys):
         assert all(got[s] == got["sync"] for s in lag0), (key, got)
         assert len(got["sync"]) == STEPS
     for s in (*lag0, "async"):
-        ms = _metrics(wd[s])
-        assert [m["step"] for m in ms] == list(range(STEPS))
-        for m in ms:
-            assert set(NAMES) <= set(m), set(NAMES) - set(m)
-        lags = [m["max_policy_lag"] for m in ms]
-        # async: step 0 trains on the batch sampled by its own policy, step 1 on policy 0's
-        assert lags == ([0, 1] if s == "async" else [0] * STEPS), (s, lags)
+        _assert_steps_and_lags(s, wd[s], STEPS)
+
+
+def _assert_steps_and_lags(schedule, workdir, steps):
+    """`steps` steps, each with every metric of NAMES, each trained on its own policy's
+    samples but async's step 1 (step 0 trains on the batch its own policy sampled, step 1 on
+    policy 0's)."""
+    ms = _metrics(workdir)
+    assert [m["step"] for m in ms] == list(range(steps)), schedule
+    for m in ms:
+        assert set(NAMES) <= set(m), (schedule, set(NAMES) - set(m))
+    lags = [m["max_policy_lag"] for m in ms]
+    assert lags == ([0, 1] if schedule == "async" else [0] * steps), (schedule, lags)
 
 
 def _assert_exact_engine_logprobs(wd):
@@ -151,14 +163,7 @@ def grpo_runs(tmp_path_factory, warm_start, shared_run, deterministic_run):
     # format, so the float `sync` and `group` runs are nightly.
     base = tmp_path_factory.mktemp("grpo")
     init, stream = warm_start("grpo"), shared_run("grpo")
-    runs = _run_every_schedule(_grpo_config, base, init, stream, schedules=())
-    # async is checked for its lag and metrics, not compared: one group of 4 (68 -> 52 CPU-s a
-    # launch, BENCHMARKS.md "Test suite"), with the entropy term so that step 0 updates even
-    # when the group's rewards tie, and step 1 really trains on the previous policy's samples.
-    c = _grpo_config("async", STEPS, base)
-    c.rl.num_groups, c.rl.entropy_coef = 1, 0.01
-    runs["async"] = str(base / "async")
-    train.run(c, runs["async"])
+    runs = _run_every_schedule(_grpo_config, base, init, stream, schedules=("async",))
     return base, {**runs, "sync": deterministic_run()}
 
 
@@ -299,13 +304,8 @@ def test_opd_schedules_reach_the_same_parameters(opd_runs):
         assert d <= 1e-3 * update, (n, d, update)
     for key in ("tokens", "reverse_kl", "turns", "reward_mean"):
         assert [m[key] for m in ms[:STEPS]] == [m[key] for m in sync], key
-    for s, steps, lags in (("sync", STEPS, [0] * STEPS), ("async", STEPS, [0, 1]),
-                           ("auto", AUTO_STEPS, [0] * AUTO_STEPS)):  # fmt: skip
-        run = _metrics(opd_runs[s])
-        assert [m["step"] for m in run] == list(range(steps)), s
-        assert all(set(NAMES) <= set(m) for m in run), s
-        # async: step 0 trains on the batch sampled by its own policy, step 1 on policy 0's
-        assert [m["max_policy_lag"] for m in run] == lags, s
+    for s, steps in (("sync", STEPS), ("async", STEPS), ("auto", AUTO_STEPS)):
+        _assert_steps_and_lags(s, opd_runs[s], steps)
     _assert_exact_engine_logprobs(opd_runs)
     # async step 1 trains θ_1 on turns sampled at θ_0 (measured gap 0.0217 nats/token): the
     # gap metric sees the staleness that the exact steps do not have.
