@@ -341,7 +341,10 @@ def deterministic_run(warm_start):
     tp=2), 2 steps. The bits every other schedule, interruption and process count must
     reproduce: tests/train_deterministic_test.py's `group` run (engine SIGKILLed mid-batch)
     and tests/train_multiprocess_test.py's 2-process `stream` run (a process SIGKILLed, the
-    run resumed). Trained once per session, under a file lock, by whichever asks first."""
+    run resumed). It alone evaluates after every step (EVAL_FLAGS, read by
+    tests/evaluation_test.py), so those runs, without evaluation, also prove that evaluation
+    leaves training bitwise unchanged. Trained once per session, under a file lock, by
+    whichever asks first."""
 
     def make() -> str:
         warm_start("grpo")  # its SFT cache entry, under its own lock
@@ -355,31 +358,40 @@ def _launch_deterministic_sync(workdir: str) -> None:
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo, PYTHONUNBUFFERED="1")
-    out = subprocess.run(_deterministic_command("sync", workdir), cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=1800)  # fmt: skip
+    cmd = _deterministic_command("sync", workdir, evaluate=True)
+    out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, f"{workdir} failed:\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
 
 
 @pytest.fixture(scope="session")
 def deterministic_command():
-    """`(schedule, workdir)` -> `deterministic_run`'s command line under `schedule`
-    (`_deterministic_command`)."""
+    """`(schedule, workdir)` -> `deterministic_run`'s command line under `schedule`, without its
+    evaluation (`_deterministic_command`)."""
     return _deterministic_command
 
 
-def _deterministic_command(schedule: str, workdir: str) -> list[str]:
+# Held-out evaluation in `deterministic_run`: 2 generated tasks x 2 samples after every step
+# (pass@1 and pass@2; any success reaches the target) and TensorBoard on, ~11 CPU-s a run
+# (a run with evaluation on and another without it, for the comparison, cost 82 CPU-s).
+EVAL_FLAGS = ("--config.eval.every_steps=1", "--config.eval.k=2", "--config.eval.num_tasks=2",
+              "--config.eval.target=1e-9", "--config.metrics.tensorboard=True")  # fmt: skip
+
+
+def _deterministic_command(schedule: str, workdir: str, evaluate: bool = False) -> list[str]:
     """`deterministic_run`'s command line under `schedule` (launch_local, one process on 4
-    fake devices, fsdp=2 x tp=2, replicas checked bitwise every step)."""
+    fake devices, fsdp=2 x tp=2, replicas checked bitwise every step); `evaluate`: with
+    EVAL_FLAGS, as `deterministic_run` itself."""
     import sys
 
     root = os.environ["TSJ_TEST_SFT_CACHE"]
+    reporting = list(EVAL_FLAGS) if evaluate else ["--config.metrics.tensorboard=False"]
     return [*_launch_local(1, grace_s=5),
             sys.executable, "-m", "experiments.swe_grpo", "--config=configs/cpu.py:smoke",
             f"--workdir={workdir}", f"--config.schedule={schedule}",
             f"--config.num_steps={SHARED_RUN_STEPS}", "--config.seed=42",
             "--config.rl.deterministic=True", f"--config.sft.cache_dir={root}",
             f"--config.rollout.snapshot_root={os.path.join(root, 'shm')}",
-            "--config.metrics.timeline_every=0", "--config.metrics.tensorboard=False",
+            "--config.metrics.timeline_every=0", *reporting,
             "--config.mesh.fsdp=2", "--config.mesh.tp=2",
             "--config.distributed.debug_check_replicas=True"]  # fmt: skip
 

@@ -6,7 +6,9 @@ launch_local). `sync` is the session's `deterministic_run` (tests/conftest.py); 
 its rollout engine SIGKILLed in the middle of its second batch (the engine manager restarts
 it, reloads the weights and resends the in-flight requests with the same keys) and must end
 at sync's bytes, with identical per-step rewards and tokens, after updates that really moved
-the parameters. `stream` is proved against the same bits in tests/train_multiprocess_test.py:
+the parameters. `sync` also evaluates after every step and `group` does not, so the same
+bits prove that held-out evaluation leaves training unchanged (tests/evaluation_test.py reads
+sync's eval metrics). `stream` is proved against the same bits in tests/train_multiprocess_test.py:
 two learner processes, one SIGKILLed inside step 2 and the run resumed from the step-1
 checkpoint (one killed run proves the resume for every schedule and process count). One
 score-gradient call per trajectory and exactly associative tallies (DESIGN §8) make arrival
@@ -41,8 +43,12 @@ def _digest(workdir):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _metrics(workdir):
+    return read_metrics(os.path.join(workdir, "metrics.jsonl"))
+
+
 def _per_step(workdir, key):
-    return [m[key] for m in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+    return [m[key] for m in _metrics(workdir)]
 
 
 def _engine_killed_in_step_two(cmd, workdir, log_path):
@@ -116,4 +122,8 @@ def test_every_schedule_and_a_killed_engine_end_at_the_same_bits(
     assert _per_step(group, "step") == list(range(STEPS))
     for key in ("reward_mean", "tokens"):
         assert _per_step(group, key) == _per_step(sync, key), key
+    # sync evaluated after every step and group did not (conftest EVAL_FLAGS): the same bits
+    # also prove that evaluation leaves training unchanged (tests/evaluation_test.py).
+    evaluated = [["eval_pass@1" in m for m in _metrics(w)] for w in (sync, group)]
+    assert evaluated == [[True] * STEPS, [False] * STEPS], evaluated
     assert _digest(group) == _digest(sync)
