@@ -2,19 +2,19 @@
 
 GRPO on `configs/cpu.py:smoke` (the warm start gives mixed groups, so the update is a real
 policy-gradient term), two steps, one learner process on 4 fake devices (fsdp=2 x tp=2,
-launch_local). `sync` is the session's `deterministic_run` (tests/conftest.py); `group` has
-its rollout engine SIGKILLed in the middle of its second batch (the engine manager restarts
-it, reloads the weights and resends the in-flight requests with the same keys) and must end
-at sync's bytes, with identical per-step rewards and tokens, after updates that really moved
-the parameters. `sync` also evaluates after every step and `group` does not, so the same
-bits prove that held-out evaluation leaves training unchanged (tests/evaluation_test.py reads
-sync's eval metrics). `stream` is proved against the same bits in tests/train_multiprocess_test.py:
-two learner processes, one SIGKILLed inside step 2 and the run resumed from the step-1
-checkpoint (one killed run proves the resume for every schedule and process count). One
-score-gradient call per trajectory and exactly associative tallies (DESIGN §8) make arrival
-order irrelevant to the bits; a resumed batch starts from a whole checkpoint (the train state
-only: a batch's tallies are never saved half-folded) and resamples the same trajectories
-(keyed sampling), and a resent request samples the same tokens, so neither kill leaves a trace.
+launch_local). `sync` is the session's `deterministic_run` (tests/conftest.py); `group` has its
+rollout engine SIGKILLed in the middle of its second batch (the engine manager restarts it,
+reloads the weights and resends the in-flight requests with the same keys) and must end at
+sync's bytes, with identical per-step rewards and tokens, after updates that really moved the
+parameters. `sync` also evaluates after every step and `group` does not, so the same bits prove
+that held-out evaluation leaves training unchanged (tests/evaluation_test.py reads sync's eval
+metrics). `stream` is proved against the same bits in tests/train_multiprocess_test.py: two
+learner processes, one SIGKILLed inside step 2 and the run resumed from the step-1 checkpoint
+(one killed run proves the resume for every schedule and process count). One score-gradient
+call per trajectory and exactly associative tallies (DESIGN §8) make arrival order irrelevant
+to the bits; a resumed batch starts from a whole checkpoint (the train state only: a batch's
+tallies are never saved half-folded) and resamples the same trajectories (keyed sampling), and
+a resent request samples the same tokens, so neither kill leaves a trace.
 
 The runs are processes with the suite's inherited XLA flags (one compiled program for all:
 the same bits) and share the session's persistent XLA cache, so only the first compiles.
